@@ -1,0 +1,98 @@
+// Package brokers is the registry of publishers the relay can use, chosen
+// by name in configuration, in the manner of database/sql drivers: each
+// adapter package registers a Factory in its init function, and a binary
+// selects one with Open. Users register their own the same way.
+//
+// It also holds the topic routing rules shared by every adapter.
+package brokers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// Decoder decodes a broker's own configuration section into v, a pointer to
+// the adapter's settings struct. Unknown keys are an error.
+type Decoder interface {
+	Decode(v any) error
+}
+
+// Params is what a Factory receives.
+type Params struct {
+	Config Decoder      // the broker's section of the configuration
+	Topics *Routing     // resolves each event's topic
+	Logger *slog.Logger // never nil
+}
+
+// Factory builds a publisher. It checks its settings and returns an error
+// naming the bad field; it should connect, so an unreachable broker is
+// reported at start-up.
+type Factory func(ctx context.Context, p Params) (core.Publisher, error)
+
+var (
+	mu        sync.RWMutex
+	factories = map[string]Factory{}
+)
+
+// Register makes a publisher available under name. It panics when name is
+// empty or taken, or f is nil, as these are programming errors.
+func Register(name string, f Factory) {
+	mu.Lock()
+	defer mu.Unlock()
+	if name == "" || f == nil {
+		panic("brokers: Register needs a name and a factory")
+	}
+	if _, dup := factories[name]; dup {
+		panic("brokers: Register called twice for " + name)
+	}
+	factories[name] = f
+}
+
+// Names lists the registered publishers, sorted.
+func Names() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	names := make([]string, 0, len(factories))
+	for n := range factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Open builds the publisher registered as name.
+func Open(ctx context.Context, name string, p Params) (core.Publisher, error) {
+	mu.RLock()
+	f, ok := factories[name]
+	mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("broker %q is not registered (known: %v)", name, Names())
+	}
+	if p.Logger == nil {
+		p.Logger = slog.New(slog.DiscardHandler)
+	}
+	if p.Topics == nil {
+		p.Topics = &Routing{}
+	}
+	if p.Config == nil {
+		p.Config = emptyDecoder{}
+	}
+	pub, err := f(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("open broker %s: %w", name, err)
+	}
+	return pub, nil
+}
+
+type emptyDecoder struct{}
+
+func (emptyDecoder) Decode(any) error { return nil }
+
+// Registered reports whether name is registered.
+func Registered(name string) bool { return slices.Contains(Names(), name) }

@@ -1,0 +1,78 @@
+// Package stdout is the "stdout" broker: it writes each event as one JSON
+// object per line, for trying the relay and for piping into other tools.
+// A write that returns counts as published.
+package stdout
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/core"
+)
+
+func init() {
+	brokers.Register("stdout", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
+		var cfg struct{}
+		if err := p.Config.Decode(&cfg); err != nil {
+			return nil, fmt.Errorf("stdout settings: %w", err)
+		}
+		return New(os.Stdout, p.Topics), nil
+	})
+}
+
+// Line is the JSON object written for each event.
+type Line struct {
+	ID          int64             `json:"id"`
+	UID         string            `json:"uid"`
+	AggregateID string            `json:"aggregate_id"`
+	Type        string            `json:"type"`
+	Topic       string            `json:"topic"`
+	Payload     json.RawMessage   `json:"payload"`
+	Headers     map[string]string `json:"headers,omitempty"`
+}
+
+// Publisher writes events to an io.Writer.
+type Publisher struct {
+	mu     sync.Mutex
+	w      io.Writer
+	topics *brokers.Routing
+}
+
+// New returns a publisher writing to w, which it does not close.
+func New(w io.Writer, topics *brokers.Routing) *Publisher {
+	if topics == nil {
+		topics = &brokers.Routing{}
+	}
+	return &Publisher{w: w, topics: topics}
+}
+
+// Publish implements core.Publisher.
+func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
+	topic, err := p.topics.Topic(e)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(Line{ID: e.ID, UID: e.UID, AggregateID: e.AggregateID, Type: e.Type,
+		Topic: topic, Payload: e.Payload, Headers: e.Headers})
+	if err != nil {
+		return core.Permanent(fmt.Errorf("encode event %d: %w", e.ID, err))
+	}
+	b = append(b, '\n')
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, err := p.w.Write(b); err != nil {
+		return fmt.Errorf("write event %d: %w", e.ID, err)
+	}
+	return nil
+}
+
+// Close implements core.Publisher; the writer stays open.
+func (p *Publisher) Close() error { return nil }

@@ -1,0 +1,105 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Header names the relay sets on every published message.
+const (
+	HeaderEventUID    = "event_uid"    // identity unique across outboxes; consumers dedupe on it
+	HeaderEventID     = "event_id"     // row id in the outbox table
+	HeaderType        = "type"         // event type, such as "order.placed"
+	HeaderAggregateID = "aggregate_id" // ordering and partition key
+)
+
+// Event is one row of the outbox as the relay sees it.
+type Event struct {
+	ID          int64             // outbox row id; increases in commit order per aggregate
+	UID         string            // identity unique across outboxes (a UUID)
+	AggregateID string            // ordering key
+	Type        string            // such as "order.placed"
+	Payload     []byte            // the JSON bytes exactly as written by the producer
+	Headers     map[string]string // the event's own headers (trace context among them)
+	CreatedAt   time.Time
+	Attempts    int // failed publish attempts so far
+}
+
+// Store is where the relay finds committed events. Implementations must make
+// concurrent claims disjoint: no event is in two open claims at once.
+type Store interface {
+	// Claim takes up to req.Limit pending events in id order and holds them
+	// until the returned Claim is completed or released. An empty claim is
+	// valid. In ordered mode the store returns an event only when every
+	// earlier pending event of its aggregate is in the same claim.
+	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+}
+
+// ClaimRequest says how many events to claim and whether order matters.
+type ClaimRequest struct {
+	Limit     int
+	Unordered bool
+}
+
+// Claim is a set of events held by one relay.
+type Claim interface {
+	Events() []Event
+	// Complete marks done as dispatched, records failed, and ends the claim.
+	// Events in neither list stay pending, untouched.
+	Complete(ctx context.Context, done []int64, failed []Failure) error
+	// Release ends the claim and records nothing.
+	Release(ctx context.Context) error
+}
+
+// Failure is a failed publish to record against an event.
+type Failure struct {
+	ID     int64
+	Reason string
+	// RetryAt is when the event may be claimed again. The zero time holds the
+	// event until an operator retries or parks it (a permanent failure).
+	RetryAt time.Time
+}
+
+// Publisher sends one event to a broker and returns nil only once the broker
+// has it durably. It must be safe for concurrent use: the relay calls it from
+// several lanes at once, never with two events of one aggregate concurrently.
+type Publisher interface {
+	Publish(ctx context.Context, e *Event) error
+	Close() error
+}
+
+// Notifier is an optional Store capability: Listen calls wake soon after new
+// events commit, until ctx is done. It reconnects by itself after a dropped
+// connection and returns only when ctx is done.
+type Notifier interface {
+	Listen(ctx context.Context, wake func()) error
+}
+
+// Pinger is an optional capability of a Store or Publisher: it reports
+// whether the backing server is reachable, for readiness checks.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// PermanentError marks a publish failure that retrying cannot fix: a message
+// too large, a type with no route, a message the broker rejects.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so the relay holds the event for an operator instead of
+// retrying it. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, is permanent.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}

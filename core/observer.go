@@ -1,0 +1,23 @@
+package core
+
+import "time"
+
+// Observer receives the relay's measurements. The relay calls it on its hot
+// path, so implementations must be cheap and must not block.
+type Observer interface {
+	// Claimed reports a claim of n events that took d.
+	Claimed(n int, d time.Duration)
+	// Published reports one publish attempt; err is nil on success.
+	Published(e *Event, d time.Duration, err error)
+	// Completed reports a recorded batch outcome that took d.
+	Completed(done, failed int, d time.Duration)
+	// Errored reports a relay-level error (claim or complete failed).
+	Errored(op string, err error)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Claimed(int, time.Duration)             {}
+func (nopObserver) Published(*Event, time.Duration, error) {}
+func (nopObserver) Completed(int, int, time.Duration)      {}
+func (nopObserver) Errored(string, error)                  {}

@@ -1,0 +1,406 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Relay. The zero value is valid: every unset field
+// takes the default named in its comment.
+type Options struct {
+	BatchSize      int           // events per claim; default 500
+	Lanes          int           // concurrent publishes per batch; default 16
+	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
+	PublishTimeout time.Duration // bound on one publish; default 30s
+	// ShutdownTimeout bounds how long Run waits for the in-flight batch
+	// after its context is cancelled; default 30s.
+	ShutdownTimeout time.Duration
+	// Unordered lets events of one aggregate go out in parallel and
+	// out of order, for throughput. The default keeps per-aggregate order.
+	Unordered bool
+	// DisableWakeups ignores the store's Notifier and relies on polling,
+	// as behind PgBouncer in transaction pooling mode.
+	DisableWakeups bool
+	// RetryBackoff paces retries of an event whose publish failed
+	// transiently; default 500ms doubling to 1m.
+	RetryBackoff Backoff
+	// ErrorBackoff paces the loop after a claim, complete or whole-batch
+	// failure (database or broker down); default 100ms doubling to 30s.
+	ErrorBackoff Backoff
+	Logger       *slog.Logger // default: discard
+	Observer     Observer     // default: none
+}
+
+func (o Options) withDefaults() (Options, error) {
+	checks := []struct {
+		name string
+		bad  bool
+	}{
+		{"BatchSize", o.BatchSize < 0},
+		{"Lanes", o.Lanes < 0},
+		{"PollInterval", o.PollInterval < 0},
+		{"PublishTimeout", o.PublishTimeout < 0},
+		{"ShutdownTimeout", o.ShutdownTimeout < 0},
+		{"RetryBackoff", o.RetryBackoff.Min < 0 || o.RetryBackoff.Max < o.RetryBackoff.Min},
+		{"ErrorBackoff", o.ErrorBackoff.Min < 0 || o.ErrorBackoff.Max < o.ErrorBackoff.Min},
+	}
+	for _, c := range checks {
+		if c.bad {
+			return o, fmt.Errorf("relay options: %s is invalid", c.name)
+		}
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.BatchSize, 500)
+	def(&o.Lanes, 16)
+	defDur(&o.PollInterval, time.Second)
+	defDur(&o.PublishTimeout, 30*time.Second)
+	defDur(&o.ShutdownTimeout, 30*time.Second)
+	if o.RetryBackoff == (Backoff{}) {
+		o.RetryBackoff = Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
+	}
+	if o.ErrorBackoff == (Backoff{}) {
+		o.ErrorBackoff = Backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
+	}
+	return o, nil
+}
+
+// Relay moves events from a Store to a Publisher.
+type Relay struct {
+	store Store
+	pub   Publisher
+	opts  Options
+	log   *slog.Logger
+	obs   Observer
+
+	wake     chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	progress atomic.Int64 // unix nanos of the last cycle that reached the store
+
+	mu         sync.Mutex
+	started    bool
+	done       chan struct{}
+	cancelWork context.CancelFunc
+}
+
+// New returns a relay; it does not start it.
+func New(store Store, pub Publisher, opts Options) (*Relay, error) {
+	if store == nil {
+		return nil, errors.New("new relay: store is nil")
+	}
+	if pub == nil {
+		return nil, errors.New("new relay: publisher is nil")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("new relay: %w", err)
+	}
+	return &Relay{
+		store: store, pub: pub, opts: o, log: o.Logger, obs: o.Observer,
+		wake: make(chan struct{}, 1),
+		stop: make(chan struct{}),
+	}, nil
+}
+
+// Run relays until ctx is cancelled, then stops gracefully: the in-flight
+// batch is published and recorded, bounded by Options.ShutdownTimeout.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-r.done:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), r.opts.ShutdownTimeout)
+	defer cancel()
+	return r.Stop(sctx)
+}
+
+// Start runs the relay in the background. Cancelling ctx stops it as Stop
+// does. A relay starts once.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return errors.New("start relay: already started")
+	}
+	r.started = true
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancelWork = cancel
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		r.loop(work)
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			r.requestStop()
+		case <-r.done:
+		}
+	}()
+	return nil
+}
+
+// Stop asks the relay to finish its in-flight batch and waits for it. When
+// ctx ends first, in-flight publishes are cancelled, their claim released,
+// and Stop returns ctx's error once the relay has exited.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	done, cancel := r.done, r.cancelWork
+	r.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	r.requestStop()
+	select {
+	case <-done:
+		cancel()
+		return nil
+	case <-ctx.Done():
+		cancel()
+		<-done
+		return fmt.Errorf("stop relay: %w", ctx.Err())
+	}
+}
+
+// Wake makes the relay claim now instead of waiting out its poll interval.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// LastProgress is when the relay last completed a cycle against the store
+// (the zero time if never); readiness checks compare it with the clock.
+func (r *Relay) LastProgress() time.Time {
+	n := r.progress.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+func (r *Relay) requestStop() { r.stopOnce.Do(func() { close(r.stop) }) }
+
+func (r *Relay) stopping() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *Relay) loop(ctx context.Context) {
+	if n, ok := r.store.(Notifier); ok && !r.opts.DisableWakeups {
+		lctx, cancel := context.WithCancel(ctx)
+		listening := make(chan struct{})
+		go func() {
+			defer close(listening)
+			if err := n.Listen(lctx, r.Wake); err != nil && lctx.Err() == nil {
+				r.log.Warn("wake-ups stopped; polling only", "error", err)
+			}
+		}()
+		defer func() { cancel(); <-listening }()
+	}
+	failures := 0
+	for !r.stopping() && ctx.Err() == nil {
+		full, err := r.cycle(ctx)
+		if err != nil {
+			failures++
+			wait := r.opts.ErrorBackoff.Delay(failures - 1)
+			r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", failures)
+			if !r.sleep(ctx, wait, false) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		if full {
+			continue
+		}
+		if !r.sleep(ctx, r.opts.PollInterval, true) {
+			return
+		}
+	}
+}
+
+// sleep waits d, or less when woken (if wakeable); false means stop.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var wake <-chan struct{}
+	if wakeable {
+		wake = r.wake
+	}
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-r.stop:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// cycle claims, publishes and records one batch. full reports a batch of
+// BatchSize events, a sign that more are waiting.
+func (r *Relay) cycle(ctx context.Context) (full bool, err error) {
+	start := time.Now()
+	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered})
+	if err != nil {
+		r.obs.Errored("claim", err)
+		return false, fmt.Errorf("claim batch: %w", err)
+	}
+	events := claim.Events()
+	r.obs.Claimed(len(events), time.Since(start))
+	if len(events) == 0 {
+		if err := claim.Release(ctx); err != nil {
+			r.obs.Errored("release", err)
+			return false, fmt.Errorf("release empty claim: %w", err)
+		}
+		r.progress.Store(time.Now().UnixNano())
+		return false, nil
+	}
+
+	done, failed := r.publishBatch(ctx, events)
+
+	// A hard stop cancelled ctx; still record what reached the broker, so
+	// it is not published again.
+	rctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+	}
+	start = time.Now()
+	if err := claim.Complete(rctx, done, failed); err != nil {
+		r.obs.Errored("complete", err)
+		return false, fmt.Errorf("complete batch of %d: %w", len(events), err)
+	}
+	r.obs.Completed(len(done), len(failed), time.Since(start))
+	r.progress.Store(time.Now().UnixNano())
+	if len(done) == 0 && len(failed) > 0 {
+		// Nothing went out: the broker is likely down. Back off the loop
+		// rather than hammering the broker and the database.
+		return false, fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason)
+	}
+	return len(events) >= r.opts.BatchSize, nil
+}
+
+type outcome struct {
+	id   int64
+	err  error
+	skip bool // not attempted: an earlier event of its aggregate failed
+}
+
+// publishBatch publishes events on parallel lanes. In ordered mode an
+// aggregate's events share a lane and go out in id order; after one fails,
+// the rest of that aggregate in this batch is left pending.
+func (r *Relay) publishBatch(ctx context.Context, events []Event) (done []int64, failed []Failure) {
+	lanes := r.opts.Lanes
+	if lanes > len(events) {
+		lanes = len(events)
+	}
+	perLane := make([][]int, lanes)
+	for i := range events {
+		var l int
+		if r.opts.Unordered {
+			l = i % lanes
+		} else {
+			l = laneOf(events[i].AggregateID, lanes)
+		}
+		perLane[l] = append(perLane[l], i)
+	}
+	results := make([]outcome, len(events))
+	var wg sync.WaitGroup
+	for _, idx := range perLane {
+		if len(idx) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.runLane(ctx, events, idx, results)
+		}()
+	}
+	wg.Wait()
+
+	now := time.Now()
+	for i, res := range results {
+		switch {
+		case res.skip:
+		case res.err == nil:
+			done = append(done, res.id)
+		case ctx.Err() != nil && errors.Is(res.err, ctx.Err()):
+			// Cancelled by a hard stop: not the event's fault; leave it pending.
+		default:
+			f := Failure{ID: res.id, Reason: res.err.Error()}
+			if !IsPermanent(res.err) {
+				f.RetryAt = now.Add(r.opts.RetryBackoff.Delay(events[i].Attempts))
+			}
+			failed = append(failed, f)
+		}
+	}
+	return done, failed
+}
+
+func (r *Relay) runLane(ctx context.Context, events []Event, idx []int, results []outcome) {
+	var blocked map[string]bool
+	for _, i := range idx {
+		e := &events[i]
+		results[i].id = e.ID
+		if blocked[e.AggregateID] || ctx.Err() != nil {
+			results[i].skip = true
+			continue
+		}
+		start := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+		err := r.pub.Publish(pctx, e)
+		cancel()
+		r.obs.Published(e, time.Since(start), err)
+		results[i].err = err
+		if err == nil {
+			continue
+		}
+		r.log.Warn("publish failed", "event_id", e.ID, "event_uid", e.UID, "aggregate_id", e.AggregateID,
+			"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
+		if !r.opts.Unordered {
+			if blocked == nil {
+				blocked = make(map[string]bool)
+			}
+			blocked[e.AggregateID] = true
+		}
+	}
+}
+
+func laneOf(aggregateID string, lanes int) int {
+	h := fnv.New32a()
+	h.Write([]byte(aggregateID))
+	return int(h.Sum32() % uint32(lanes))
+}

@@ -1,0 +1,77 @@
+// Package pgtest gives tests a real PostgreSQL: a fresh, migrated schema per
+// test on the server named by OUTBOX_TEST_DATABASE_URL (which `make test`
+// starts), dropped when the test ends.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// EnvURL names the variable holding the test server's URL.
+const EnvURL = "OUTBOX_TEST_DATABASE_URL"
+
+// URL returns the test server's URL. Without one the test is skipped, or
+// fails under CI, where skipping would hide untested code.
+func URL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv(EnvURL)
+	if u == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set; run the tests with `make test`", EnvURL)
+		}
+		t.Skipf("%s is not set; `make test` starts a server", EnvURL)
+	}
+	return u
+}
+
+// NewPool opens a pool on the test server, closed at cleanup.
+func NewPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatalf("parse %s: %v", EnvURL, err)
+	}
+	cfg.MaxConns = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Schema creates and migrates a schema of its own for this test and
+// returns a pool and the store configuration naming it.
+func Schema(t testing.TB) (*pgxpool.Pool, store.Config) {
+	t.Helper()
+	pool := NewPool(t)
+	cfg := store.Config{Schema: "test_" + randomHex(6)}
+	ctx := context.Background()
+	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Logf("drop test schema %s: %v", cfg.Schema, err)
+		}
+	})
+	return pool, cfg
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

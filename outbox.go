@@ -1,0 +1,241 @@
+// Package outbox writes events into the transactional outbox: inside the
+// caller's own pgx transaction, so the event commits or rolls back together
+// with the business change it announces. The relay (package core, command
+// "outbox relay") later publishes what committed.
+//
+//	w, _ := outbox.NewWriter(outbox.WriterOptions{})
+//	tx, _ := pool.Begin(ctx)
+//	// ... business writes on tx ...
+//	err := w.Write(ctx, tx, outbox.Message{AggregateID: orderID, Type: "order.placed", Payload: order})
+//	// on error, roll back: the business change must not commit without its event
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+// DBTX is what Write needs from a transaction: pgx.Tx satisfies it, and so
+// does anything with the same Exec method (a pgxpool.Tx, a test double).
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+var _ DBTX = (pgx.Tx)(nil)
+
+// Message is one event to write.
+type Message struct {
+	AggregateID string // a UUID; the ordering and partition key
+	Type        string // such as "order.placed"
+	// Payload is serialized now with encoding/json, so the row holds the
+	// exact bytes that will be published. []byte and json.RawMessage are
+	// taken as they are and must be valid JSON.
+	Payload any
+	Headers map[string]string // optional; names must not be the relay's own
+	// UID is the event's identity across outboxes; a UUIDv7 is generated
+	// when empty. Set it to make a retried write idempotent downstream.
+	UID string
+}
+
+// WriterOptions configure a Writer. The zero value is valid.
+type WriterOptions struct {
+	Store store.Config // schema and table names; defaults as in store.Config
+	// MaxPayloadBytes rejects larger payloads; default 1 MiB. Brokers have
+	// their own limits (Kafka's default is 1 MB per message).
+	MaxPayloadBytes int
+	// DisableNotify skips the NOTIFY that wakes relays at commit. Set it
+	// when no relay listens (behind PgBouncer in transaction mode).
+	DisableNotify bool
+	// Propagator, when set, stores the trace context of ctx (W3C
+	// traceparent with the usual propagator) in the event's headers.
+	Propagator propagation.TextMapPropagator
+}
+
+// Writer writes events. It is safe for concurrent use.
+type Writer struct {
+	opts   WriterOptions
+	insert string
+}
+
+// NewWriter checks opts and prepares the insert statement.
+func NewWriter(opts WriterOptions) (*Writer, error) {
+	cfg, err := opts.Store.WithDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("new writer: %w", err)
+	}
+	opts.Store = cfg
+	if opts.MaxPayloadBytes < 0 {
+		return nil, fmt.Errorf("new writer: MaxPayloadBytes %d is negative", opts.MaxPayloadBytes)
+	}
+	if opts.MaxPayloadBytes == 0 {
+		opts.MaxPayloadBytes = 1 << 20
+	}
+	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	// One statement and one round trip for any number of events; the
+	// NOTIFY rides along and is delivered by PostgreSQL at commit.
+	q := `INSERT INTO ` + table + ` (uid, aggregate_id, type, payload, headers)
+SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5::text[]::jsonb[])`
+	if !opts.DisableNotify {
+		q = `WITH ins AS (` + q + ` RETURNING 1)
+SELECT pg_notify($6, '') FROM (SELECT count(*) FROM ins) AS n`
+	}
+	return &Writer{opts: opts, insert: q}, nil
+}
+
+// ValidationError says which message of a Write was rejected and why.
+type ValidationError struct {
+	Index int    // position in the Write call
+	Field string // "aggregate_id", "type", "payload", "headers" or "uid"
+	Msg   string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("outbox: message %d: %s %s", e.Index, e.Field, e.Msg)
+}
+
+// Write validates msgs, serializes their payloads and inserts them with tx.
+// Nothing is inserted when any message is invalid; the error is a
+// *ValidationError. On any error the caller should roll tx back.
+func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	n := len(msgs)
+	uids, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	headers := make([]*string, n)
+	var trace map[string]string
+	if w.opts.Propagator != nil {
+		carrier := propagation.MapCarrier{}
+		w.opts.Propagator.Inject(ctx, carrier)
+		if len(carrier) > 0 {
+			trace = carrier
+		}
+	}
+	for i, m := range msgs {
+		v, err := w.prepare(i, m, trace)
+		if err != nil {
+			return err
+		}
+		uids[i], aggs[i], types[i], payloads[i], headers[i] = v.uid, v.agg, m.Type, v.payload, v.headers
+	}
+	args := []any{uids, aggs, types, payloads, headers}
+	if !w.opts.DisableNotify {
+		args = append(args, w.opts.Store.NotifyChannel)
+	}
+	if _, err := tx.Exec(ctx, w.insert, args...); err != nil {
+		return fmt.Errorf("outbox: insert %d events: %w", n, err)
+	}
+	return nil
+}
+
+type prepared struct {
+	uid, agg, payload string
+	headers           *string
+}
+
+var reservedHeaders = map[string]bool{
+	core.HeaderEventUID: true, core.HeaderEventID: true, core.HeaderType: true, core.HeaderAggregateID: true,
+}
+
+func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, error) {
+	bad := func(field, format string, a ...any) (prepared, error) {
+		return prepared{}, &ValidationError{Index: i, Field: field, Msg: fmt.Sprintf(format, a...)}
+	}
+	var p prepared
+	if m.AggregateID == "" {
+		return bad("aggregate_id", "is empty")
+	}
+	agg, err := uuid.Parse(m.AggregateID)
+	if err != nil {
+		return bad("aggregate_id", "%q is not a UUID", truncateForError(m.AggregateID))
+	}
+	p.agg = agg.String()
+	if m.UID == "" {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return bad("uid", "could not be generated: %v", err)
+		}
+		p.uid = id.String()
+	} else {
+		id, err := uuid.Parse(m.UID)
+		if err != nil {
+			return bad("uid", "%q is not a UUID", truncateForError(m.UID))
+		}
+		p.uid = id.String()
+	}
+	switch {
+	case strings.TrimSpace(m.Type) == "":
+		return bad("type", "is empty")
+	case len(m.Type) > 255:
+		return bad("type", "is longer than 255 bytes")
+	case !utf8.ValidString(m.Type) || strings.ContainsFunc(m.Type, isControl):
+		return bad("type", "%q has invalid or control characters", truncateForError(m.Type))
+	}
+	var raw []byte
+	switch v := m.Payload.(type) {
+	case nil:
+		return bad("payload", "is nil")
+	case []byte:
+		raw = v
+	case json.RawMessage:
+		raw = v
+	default:
+		raw, err = json.Marshal(v)
+		if err != nil {
+			return bad("payload", "cannot be serialized: %v", err)
+		}
+	}
+	switch {
+	case len(raw) > w.opts.MaxPayloadBytes:
+		return bad("payload", "is %d bytes, over the limit of %d", len(raw), w.opts.MaxPayloadBytes)
+	case !json.Valid(raw):
+		return bad("payload", "is not valid JSON")
+	case !utf8.Valid(raw):
+		return bad("payload", "is not valid UTF-8")
+	}
+	p.payload = string(raw)
+	if len(m.Headers) > 0 || trace != nil {
+		h := make(map[string]string, len(m.Headers)+len(trace))
+		for k, v := range m.Headers {
+			switch {
+			case k == "":
+				return bad("headers", "has an empty name")
+			case reservedHeaders[k]:
+				return bad("headers", "name %q is set by the relay", k)
+			case !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k+v, 0):
+				return bad("headers", "%q has invalid characters", truncateForError(k))
+			}
+			h[k] = v
+		}
+		for k, v := range trace {
+			h[k] = v
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			return bad("headers", "cannot be serialized: %v", err)
+		}
+		s := string(b)
+		p.headers = &s
+	}
+	return p, nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+func truncateForError(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return strings.ToValidUTF8(s, "?")
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Runs a command with throwaway PostgreSQL and RabbitMQ servers on loopback,
+# then stops them. Existing servers are used instead when named:
+#   OUTBOX_TEST_DATABASE_URL  postgres://user:pass@host:port/db
+#   OUTBOX_TEST_AMQP_URL      amqp://user:pass@host:port/   (or "none" to skip RabbitMQ)
+# Missing server packages are installed with apt-get when running as root.
+# Usage: scripts/services.sh [--no-rabbitmq] command args...
+set -euo pipefail
+
+want_rabbit=1
+if [ "${1:-}" = "--no-rabbitmq" ]; then want_rabbit=0; shift; fi
+[ "${OUTBOX_TEST_AMQP_URL:-}" = "none" ] && want_rabbit=0
+
+log() { printf 'services: %s\n' "$*" >&2; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/outbox-services.XXXXXX")
+chmod 755 "$tmp"
+pg_started="" rabbit_started=""
+
+cleanup() {
+  set +e
+  if [ -n "$rabbit_started" ]; then
+    rabbit_env "$RABBITMQ_CTL" shutdown >/dev/null 2>&1 || kill "$rabbit_pid" 2>/dev/null
+    wait "$rabbit_pid" 2>/dev/null
+    rabbit_env epmd -kill >/dev/null 2>&1
+  fi
+  if [ -n "$pg_started" ]; then
+    as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -m fast stop >/dev/null 2>&1
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % 30000))
+    listening "$p" || { echo "$p"; return; }
+  done
+  log "no free port found"; return 1
+}
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    log "$1 is not installed and this is not root: install it, or set the URL variable"; exit 1
+  fi
+  log "installing $* with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  [ -n "${apt_updated:-}" ] || { apt-get update -qq >/dev/null; apt_updated=1; }
+  # Keep the package's own service from starting; we start our own.
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+}
+
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+start_postgres() {
+  pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$pgbin" ]; then
+    apt_install postgresql
+    pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  fi
+  local port; port=$(free_port)
+  mkdir -p "$tmp/pg" "$tmp/pgsock"
+  [ "$(id -u)" = 0 ] && chown postgres "$tmp/pg" "$tmp/pgsock"
+  as_pg "$pgbin/initdb" -D "$tmp/pg" -U postgres -A trust --no-sync -E UTF8 >"$tmp/initdb.log" 2>&1 ||
+    { cat "$tmp/initdb.log" >&2; exit 1; }
+  # fsync off: a throwaway server; commits stay synchronous so a restart
+  # of the server keeps every acknowledged commit.
+  as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -l "$tmp/pgsock/pg.log" -w -t 60 \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock -c fsync=off -c full_page_writes=off -c max_connections=300" \
+    start >/dev/null || { cat "$tmp/pgsock/pg.log" >&2; exit 1; }
+  pg_started=1
+  "$pgbin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE outbox_test" >/dev/null
+  export OUTBOX_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/outbox_test?sslmode=disable"
+  export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg"
+  log "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port"
+}
+
+rabbit_env() {
+  env HOME="$tmp/rabbit" RABBITMQ_NODENAME="$RABBITMQ_NODENAME" ERL_EPMD_ADDRESS=127.0.0.1 \
+    ERL_EPMD_PORT="$RABBITMQ_EPMD_PORT" "$@"
+}
+
+start_rabbitmq() {
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
+  RABBITMQ_CTL=/usr/lib/rabbitmq/bin/rabbitmqctl
+  local port dist epmd
+  port=$(free_port); dist=$(free_port); epmd=$(free_port)
+  export RABBITMQ_NODENAME="outbox-test-$port@localhost" RABBITMQ_EPMD_PORT="$epmd"
+  mkdir -p "$tmp/rabbit/mnesia" "$tmp/rabbit/log"
+  printf '[].\n' >"$tmp/rabbit/enabled_plugins"
+  rabbit_env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist" \
+    RABBITMQ_MNESIA_BASE="$tmp/rabbit/mnesia" RABBITMQ_LOG_BASE="$tmp/rabbit/log" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$tmp/rabbit/enabled_plugins" \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}' \
+    /usr/lib/rabbitmq/bin/rabbitmq-server >"$tmp/rabbit.log" 2>&1 &
+  rabbit_pid=$!
+  rabbit_started=1
+  for _ in $(seq 1 120); do
+    listening "$port" && break
+    kill -0 "$rabbit_pid" 2>/dev/null || { cat "$tmp/rabbit.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  rabbit_env "$RABBITMQ_CTL" await_startup >/dev/null || { cat "$tmp/rabbit.log" >&2; exit 1; }
+  export OUTBOX_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$port/"
+  # For tests that stop and start the broker (the reliability suite).
+  export OUTBOX_TEST_RABBITMQ_NODE="$RABBITMQ_NODENAME" OUTBOX_TEST_RABBITMQ_HOME="$tmp/rabbit"
+  log "RabbitMQ on 127.0.0.1:$port"
+}
+
+[ -n "${OUTBOX_TEST_DATABASE_URL:-}" ] || start_postgres
+if [ "$want_rabbit" = 1 ] && [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then start_rabbitmq; fi
+
+"$@"

@@ -1,0 +1,89 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Config names the database objects of one outbox. Names are quoted
+// wherever they appear in SQL, so any value is safe; the zero Config uses
+// the defaults below.
+type Config struct {
+	Schema         string // default "public"
+	Table          string // outbox table; default "events_outbox"
+	ProcessedTable string // consumer dedupe table; default "processed_events"
+	// NotifyChannel is the LISTEN/NOTIFY channel producers signal and the
+	// relay listens on; default: the outbox table's name.
+	NotifyChannel string
+}
+
+// WithDefaults fills unset names and checks them.
+func (c Config) WithDefaults() (Config, error) {
+	if c.Schema == "" {
+		c.Schema = "public"
+	}
+	if c.Table == "" {
+		c.Table = "events_outbox"
+	}
+	if c.ProcessedTable == "" {
+		c.ProcessedTable = "processed_events"
+	}
+	if c.NotifyChannel == "" {
+		c.NotifyChannel = c.Table
+	}
+	for _, f := range []struct{ field, v string }{
+		{"schema", c.Schema}, {"table", c.Table}, {"processed_table", c.ProcessedTable}, {"notify_channel", c.NotifyChannel},
+	} {
+		if err := checkName(f.v); err != nil {
+			return c, fmt.Errorf("store config: %s %q: %w", f.field, f.v, err)
+		}
+	}
+	if c.Table == c.ProcessedTable {
+		return c, errors.New("store config: table and processed_table must differ")
+	}
+	return c, nil
+}
+
+// PostgreSQL truncates identifiers to 63 bytes; derived index names add up
+// to 16 bytes, so table names stay at 47.
+func checkName(s string) error {
+	switch {
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	case len(s) > 47:
+		return errors.New("longer than 47 bytes")
+	}
+	for _, r := range s {
+		if r == 0 {
+			return errors.New("contains a NUL byte")
+		}
+	}
+	return nil
+}
+
+// ident quotes a possibly schema-qualified name for SQL.
+func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
+
+// names are the quoted SQL names derived from a Config.
+type names struct {
+	Schema, Outbox, Processed, Migrations              string
+	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
+	Channel                                            string // raw, for pg_notify and LISTEN
+}
+
+func (c Config) names() names {
+	return names{
+		Schema:         ident(c.Schema),
+		Outbox:         ident(c.Schema, c.Table),
+		Processed:      ident(c.Schema, c.ProcessedTable),
+		Migrations:     ident(c.Schema, c.Table+"_migrations"),
+		PendingIdx:     ident(c.Table + "_pending"),
+		AggregateIdx:   ident(c.Table + "_pending_agg"),
+		RetryIdx:       ident(c.Table + "_retrying"),
+		ProcessedAtIdx: ident(c.ProcessedTable + "_at"),
+		Channel:        c.NotifyChannel,
+	}
+}

@@ -1,0 +1,112 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migration is one versioned schema change.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string // with the configured names filled in
+}
+
+// Migrations returns every migration for cfg, in version order.
+func Migrations(cfg Config) ([]Migration, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	n := cfg.names()
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimSuffix(e.Name(), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration file %s: name must be NNNN_name.sql", e.Name())
+		}
+		raw, err := migrationFiles.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		tmpl, err := template.New(e.Name()).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("parse migration %s: %w", e.Name(), err)
+		}
+		var sql bytes.Buffer
+		if err := tmpl.Execute(&sql, n); err != nil {
+			return nil, fmt.Errorf("render migration %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: sql.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// Migrate applies the migrations not yet applied, in one transaction under
+// an advisory lock, so concurrent callers are safe. It returns the versions
+// it applied.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]int, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	migs, err := Migrations(cfg)
+	if err != nil {
+		return nil, err
+	}
+	n := cfg.names()
+	var applied []int
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		lockKey := "outbox migrate " + cfg.Schema + "." + cfg.Table
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey); err != nil {
+			return fmt.Errorf("take migration lock: %w", err)
+		}
+		setup := "CREATE SCHEMA IF NOT EXISTS " + n.Schema + ";" +
+			"CREATE TABLE IF NOT EXISTS " + n.Migrations +
+			" (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+		if _, err := tx.Exec(ctx, setup); err != nil {
+			return fmt.Errorf("create migrations table: %w", err)
+		}
+		var current int
+		if err := tx.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+n.Migrations).Scan(&current); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		for _, m := range migs {
+			if m.Version <= current {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+n.Migrations+" (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+				return fmt.Errorf("record migration %04d: %w", m.Version, err)
+			}
+			applied = append(applied, m.Version)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s.%s: %w", cfg.Schema, cfg.Table, err)
+	}
+	return applied, nil
+}

@@ -1,0 +1,212 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// maxReason bounds the stored failure reason.
+const maxReason = 2000
+
+// Store is the PostgreSQL outbox. It is safe for concurrent use by many
+// relays in many processes.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	n    names
+	log  *slog.Logger
+
+	claimOrdered, claimUnordered string
+	markDone, markFailed         string
+}
+
+// New returns a Store over pool. The schema must have been migrated.
+// log may be nil.
+func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	n := cfg.names()
+	cols := "o.id, o.uid::text, o.aggregate_id::text, o.type, o.payload, o.headers, o.created_at, o.attempts"
+	// Candidates are locked in id order, skipping rows other relays hold.
+	// Ordered mode leaves out aggregates whose earliest event waits for a
+	// retry, then keeps a candidate only when no earlier pending event of
+	// its aggregate is outside this claim (held by another relay).
+	ordered := `
+WITH held AS (
+    SELECT DISTINCT aggregate_id FROM ` + n.Outbox + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+), cand AS (
+    SELECT id, aggregate_id FROM ` + n.Outbox + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL
+      AND (retry_at IS NULL OR retry_at <= now())
+      AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT ` + cols + `
+FROM cand c JOIN ` + n.Outbox + ` o ON o.id = c.id
+WHERE NOT EXISTS (
+    SELECT 1 FROM ` + n.Outbox + ` p
+    WHERE p.aggregate_id = c.aggregate_id AND p.id < c.id
+      AND p.dispatched_at IS NULL AND p.parked_at IS NULL
+      AND p.id NOT IN (SELECT id FROM cand)
+)
+ORDER BY o.id`
+	unordered := `
+WITH cand AS (
+    SELECT id FROM ` + n.Outbox + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL
+      AND (retry_at IS NULL OR retry_at <= now())
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT ` + cols + `
+FROM cand c JOIN ` + n.Outbox + ` o ON o.id = c.id
+ORDER BY o.id`
+	return &Store{
+		pool: pool, cfg: cfg, n: n, log: log,
+		claimOrdered:   ordered,
+		claimUnordered: unordered,
+		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE id = ANY($1)`,
+		markFailed: `UPDATE ` + n.Outbox + ` AS o
+SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity')
+FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(id, reason, retry_at)
+WHERE o.id = f.id`,
+	}, nil
+}
+
+// Config returns the store's configuration with defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// Pool returns the connection pool the store uses.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping implements core.Pinger.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("ping database: %w", err)
+	}
+	return nil
+}
+
+// Claim implements core.Store. The claim is one transaction holding row
+// locks, so a relay that dies mid-batch releases its events at once when its
+// connection drops, and the mark commits together with nothing else.
+func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+	q := s.claimOrdered
+	if req.Unordered {
+		q = s.claimUnordered
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin claim: %w", err)
+	}
+	rows, err := tx.Query(ctx, q, req.Limit)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("select events: %w", err)
+	}
+	events := make([]core.Event, 0, req.Limit)
+	for rows.Next() {
+		var e core.Event
+		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &e.Headers, &e.CreatedAt, &e.Attempts); err != nil {
+			rows.Close()
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("scan event: %w", err)
+		}
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("select events: %w", err)
+	}
+	if len(events) == 0 {
+		// Hold no transaction for an empty claim.
+		if err := tx.Rollback(ctx); err != nil {
+			return nil, fmt.Errorf("end empty claim: %w", err)
+		}
+		return &claim{s: s}, nil
+	}
+	return &claim{s: s, tx: tx, events: events}, nil
+}
+
+type claim struct {
+	s      *Store
+	tx     pgx.Tx
+	events []core.Event
+}
+
+func (c *claim) Events() []core.Event { return c.events }
+
+func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
+	if c.tx == nil {
+		return nil
+	}
+	tx := c.tx
+	c.tx = nil
+	b := &pgx.Batch{}
+	if len(done) > 0 {
+		b.Queue(c.s.markDone, done)
+	}
+	if len(failed) > 0 {
+		ids := make([]int64, len(failed))
+		reasons := make([]string, len(failed))
+		retry := make([]*time.Time, len(failed))
+		for i, f := range failed {
+			ids[i] = f.ID
+			reasons[i] = truncate(f.Reason, maxReason)
+			if !f.RetryAt.IsZero() {
+				t := f.RetryAt
+				retry[i] = &t
+			}
+		}
+		b.Queue(c.s.markFailed, ids, reasons, retry)
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return fmt.Errorf("record outcome: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit outcome: %w", err)
+	}
+	return nil
+}
+
+func (c *claim) Release(ctx context.Context) error {
+	if c.tx == nil {
+		return nil
+	}
+	tx := c.tx
+	c.tx = nil
+	if err := tx.Rollback(ctx); err != nil {
+		return fmt.Errorf("release claim: %w", err)
+	}
+	return nil
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
