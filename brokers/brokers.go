@@ -96,3 +96,10 @@ func (emptyDecoder) Decode(any) error { return nil }
 
 // Registered reports whether name is registered.
 func Registered(name string) bool { return slices.Contains(Names(), name) }
+
+// DecoderFunc adapts a function to Decoder, for tests and for binaries that
+// configure brokers without the CLI's configuration loader.
+type DecoderFunc func(v any) error
+
+// Decode implements Decoder.
+func (f DecoderFunc) Decode(v any) error { return f(v) }

@@ -3,6 +3,8 @@
 # then stops them. Existing servers are used instead when named:
 #   OUTBOX_TEST_DATABASE_URL  postgres://user:pass@host:port/db
 #   OUTBOX_TEST_AMQP_URL      amqp://user:pass@host:port/   (or "none" to skip RabbitMQ)
+# With OUTBOX_SERVICES_ENV set to a file name, the variables are also written
+# there (for a shell that keeps servers running: scripts/services.sh sleep 3600 &).
 # Missing server packages are installed with apt-get when running as root.
 # Usage: scripts/services.sh [--no-rabbitmq] command args...
 set -euo pipefail
@@ -118,4 +120,7 @@ start_rabbitmq() {
 [ -n "${OUTBOX_TEST_DATABASE_URL:-}" ] || start_postgres
 if [ "$want_rabbit" = 1 ] && [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then start_rabbitmq; fi
 
+if [ -n "${OUTBOX_SERVICES_ENV:-}" ]; then
+  env | grep '^OUTBOX_TEST_' | sed 's/^/export /' >"$OUTBOX_SERVICES_ENV"
+fi
 "$@"
