@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+func relayCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "relay",
+		Short: "Publish committed events to the broker until stopped",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, err := setup(cmd)
+			if err != nil {
+				return err
+			}
+			return e.runRelay(cmd.Context())
+		},
+	}
+}
+
+// RelayHooks let other parts of the binary (metrics, health) attach to a
+// running relay. Each returns an observer to add (or nil) and may start
+// background work that ends with ctx.
+var relayHooks []func(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
+
+func (e *env) runRelay(ctx context.Context) error {
+	pool, err := e.openPool(ctx, "outbox-relay")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := store.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
+		return err
+	}
+	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
+	if err != nil {
+		return err
+	}
+	pub, err := brokers.Open(ctx, e.cfg.Broker, brokers.Params{
+		Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
+	})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	var relay *core.Relay
+	var observers multiObserver
+	for _, hook := range relayHooks {
+		obs, err := hook(ctx, e, st, pub, func() *core.Relay { return relay })
+		if err != nil {
+			return err
+		}
+		if obs != nil {
+			observers = append(observers, obs)
+		}
+	}
+	relay, err = core.New(st, pub, e.cfg.RelayOptions(e.log, observers))
+	if err != nil {
+		return err
+	}
+	sc := st.Config()
+	e.log.Info("relay starting", "database", Redact(e.cfg.DatabaseURL), "table", sc.Schema+"."+sc.Table,
+		"broker", e.cfg.Broker, "ordered", !e.cfg.Relay.Unordered, "wakeups", e.cfg.Relay.Wakeups,
+		"batch_size", e.cfg.Relay.BatchSize, "lanes", e.cfg.Relay.Lanes)
+	if err := relay.Run(ctx); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	e.log.Info("relay stopped")
+	return nil
+}

@@ -1,0 +1,16 @@
+// Command outbox runs the transactional outbox relay and its operator
+// commands. See `outbox --help`.
+package main
+
+import (
+	"context"
+	"os"
+
+	_ "github.com/outboxhq/outbox/brokers/gochannel"
+	_ "github.com/outboxhq/outbox/brokers/stdout"
+	"github.com/outboxhq/outbox/cli"
+)
+
+func main() {
+	os.Exit(cli.Main(context.Background(), os.Args[1:]))
+}

@@ -1,0 +1,42 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNotMigrated is returned by CheckSchema when the schema is missing or
+// older than this build expects.
+var ErrNotMigrated = errors.New("schema is not migrated (run `outbox migrate`)")
+
+// CheckSchema verifies that every migration of this build is applied, so a
+// relay started against an empty database says so instead of failing on
+// its first claim.
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return err
+	}
+	migs, err := Migrations(cfg)
+	if err != nil {
+		return err
+	}
+	want := migs[len(migs)-1].Version
+	var have int
+	err = pool.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+cfg.names().Migrations).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, ErrNotMigrated)
+	}
+	if err != nil {
+		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, err)
+	}
+	if have < want {
+		return fmt.Errorf("check schema %s.%s: at version %d, this build needs %d: %w", cfg.Schema, cfg.Table, have, want, ErrNotMigrated)
+	}
+	return nil
+}
