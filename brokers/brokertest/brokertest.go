@@ -1,0 +1,312 @@
+// Package brokertest is the conformance suite every publisher runs, the
+// registered adapters and users' own alike. A test supplies a Harness that
+// opens the publisher and reads back what reached the broker; Run checks that
+// bodies, keys and headers arrive intact, that per-aggregate order holds when
+// a real relay publishes on parallel lanes, and that failures surface as
+// errors: an unroutable type, a cancelled context, a broker that is down.
+package brokertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/memstore"
+)
+
+// Message is one message as it arrived at the broker.
+type Message struct {
+	Key     string            // Kafka key, Pub/Sub ordering key, or the broker's equivalent
+	Headers map[string]string // headers, metadata or attributes
+	Body    []byte
+}
+
+// Harness connects the suite to one publisher and its broker.
+type Harness struct {
+	// Open returns a publisher that routes with r. topics lists every topic
+	// the case will read, for brokers that keep messages only for existing
+	// subscriptions or queues. The suite closes the publisher.
+	Open func(t *testing.T, r *brokers.Routing, topics []string) core.Publisher
+	// Read returns the first n messages that arrived on topic, in arrival
+	// order for each key, failing the test when fewer arrive in time.
+	Read func(t *testing.T, topic string, n int) []Message
+	// Stop makes the broker behind pub unreachable, such as by shutting it
+	// down or cutting the connection (see Proxy). Nil skips that case.
+	Stop func(t *testing.T, pub core.Publisher)
+	// NoKey says the broker has no message key; the key cases then check
+	// the aggregate_id header only.
+	NoKey bool
+	// JSONBody says the broker re-encodes the payload as JSON (stdout
+	// does); the body case then compares compacted JSON, not bytes.
+	JSONBody bool
+	// Timeout bounds each wait; default 30s.
+	Timeout time.Duration
+}
+
+// Run runs every case as a subtest.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.Open == nil || h.Read == nil {
+		t.Fatal("brokertest: Harness needs Open and Read")
+	}
+	if h.Timeout == 0 {
+		h.Timeout = 30 * time.Second
+	}
+	s := suite{h: h}
+	t.Run("BodyAndHeaders", s.bodyAndHeaders)
+	t.Run("KeyIsAggregateID", s.key)
+	t.Run("Routing", s.routing)
+	t.Run("UnroutableIsPermanent", s.unroutable)
+	t.Run("OrderPerKeyOnParallelLanes", s.order)
+	t.Run("CancelledContext", s.cancelled)
+	t.Run("BrokerDown", s.down)
+}
+
+type suite struct{ h Harness }
+
+// open returns a publisher whose topics are unique to this test, so cases
+// sharing one broker never read each other's messages.
+func (s suite) open(t *testing.T, r *brokers.Routing, topics ...string) (core.Publisher, string) {
+	t.Helper()
+	prefix := uniquePrefix()
+	r.TopicPrefix = prefix
+	full := make([]string, len(topics))
+	for i, tp := range topics {
+		full[i] = prefix + tp
+	}
+	pub := s.h.Open(t, r, full)
+	if pub == nil {
+		t.Fatal("brokertest: Open returned a nil publisher")
+	}
+	t.Cleanup(func() {
+		if err := pub.Close(); err != nil {
+			t.Logf("close publisher: %v", err)
+		}
+	})
+	return pub, prefix
+}
+
+func uniquePrefix() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return "bt" + hex.EncodeToString(b) + "-"
+}
+
+func (s suite) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), s.h.Timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func event(id int64, agg, typ string, payload string, headers map[string]string) *core.Event {
+	return &core.Event{
+		ID: id, UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), AggregateID: agg,
+		Type: typ, Payload: []byte(payload), Headers: headers, CreatedAt: time.Now(),
+	}
+}
+
+func (s suite) bodyAndHeaders(t *testing.T) {
+	pub, prefix := s.open(t, &brokers.Routing{}, "order")
+	// Bytes a careless adapter would alter: key order, spacing, unicode,
+	// a trailing newline.
+	payload := "{\"z\":1, \"a\":[true,null],\"s\":\"caf\u00e9 \u2603\"}\n"
+	e := event(41, "order-7", "order.placed", payload, map[string]string{
+		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"tenant":      "acme",
+	})
+	if err := pub.Publish(s.ctx(t), e); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	got := s.h.Read(t, prefix+"order", 1)[0]
+	want := payload
+	if s.h.JSONBody {
+		var b bytes.Buffer
+		if err := json.Compact(&b, []byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+		want = b.String()
+	}
+	if string(got.Body) != want {
+		t.Errorf("body = %q, want %q", got.Body, want)
+	}
+	wantHeaders := map[string]string{
+		core.HeaderEventUID:    e.UID,
+		core.HeaderEventID:     "41",
+		core.HeaderType:        "order.placed",
+		core.HeaderAggregateID: "order-7",
+		"traceparent":          e.Headers["traceparent"],
+		"tenant":               "acme",
+	}
+	for k, v := range wantHeaders {
+		if got.Headers[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got.Headers[k], v)
+		}
+	}
+}
+
+func (s suite) key(t *testing.T) {
+	pub, prefix := s.open(t, &brokers.Routing{}, "user")
+	for i, agg := range []string{"a-1", "b-2", "c-3"} {
+		if err := pub.Publish(s.ctx(t), event(int64(i+1), agg, "user.created", `{}`, nil)); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	got := s.h.Read(t, prefix+"user", 3)
+	seen := map[string]bool{}
+	for _, m := range got {
+		agg := m.Headers[core.HeaderAggregateID]
+		seen[agg] = true
+		if !s.h.NoKey && m.Key != agg {
+			t.Errorf("key = %q, want the aggregate id %q", m.Key, agg)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("aggregates seen = %v, want a-1, b-2 and c-3", seen)
+	}
+}
+
+func (s suite) routing(t *testing.T) {
+	pub, prefix := s.open(t, &brokers.Routing{
+		Types:    map[string]string{"order.refunded": "payments"},
+		Prefixes: map[string]string{"inv": "billing"},
+	}, "payments", "billing", "order")
+	cases := []struct{ typ, topic string }{
+		{"order.refunded", "payments"}, // exact type
+		{"invoice.sent", "billing"},    // prefix
+		{"order.placed", "order"},      // default: before the first dot
+	}
+	for i, c := range cases {
+		if err := pub.Publish(s.ctx(t), event(int64(i+1), "r", c.typ, `{}`, nil)); err != nil {
+			t.Fatalf("publish %s: %v", c.typ, err)
+		}
+	}
+	for _, c := range cases {
+		got := s.h.Read(t, prefix+c.topic, 1)
+		if typ := got[0].Headers[core.HeaderType]; typ != c.typ {
+			t.Errorf("topic %s got type %q, want %q", c.topic, typ, c.typ)
+		}
+	}
+}
+
+func (s suite) unroutable(t *testing.T) {
+	pub, prefix := s.open(t, &brokers.Routing{}, "audit")
+	err := pub.Publish(s.ctx(t), event(1, "x", "nodots", `{}`, nil))
+	if err == nil {
+		t.Fatal("publish of a type with no route succeeded")
+	}
+	if !core.IsPermanent(err) {
+		t.Errorf("error %v is not permanent", err)
+	}
+	if !strings.Contains(err.Error(), "nodots") {
+		t.Errorf("error %q does not name the type", err)
+	}
+	// The publisher keeps working after an event it could not route.
+	if err := pub.Publish(s.ctx(t), event(2, "x", "audit.logged", `{}`, nil)); err != nil {
+		t.Fatalf("publish after a routing error: %v", err)
+	}
+	s.h.Read(t, prefix+"audit", 1)
+}
+
+// order publishes through a real relay on parallel lanes and checks that each
+// aggregate's events arrive in id order.
+func (s suite) order(t *testing.T) {
+	const aggregates, perAggregate = 20, 50
+	pub, prefix := s.open(t, &brokers.Routing{}, "stock")
+	store := memstore.New()
+	// Interleave aggregates so every batch mixes them.
+	for i := range perAggregate {
+		for a := range aggregates {
+			store.Add(core.Event{
+				UID: fmt.Sprintf("00000000-0000-4000-8000-%06d%06d", a, i), AggregateID: fmt.Sprintf("agg-%02d", a),
+				Type: "stock.moved", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, i)),
+			})
+		}
+	}
+	relay, err := core.New(store, pub, core.Options{
+		Lanes: 8, BatchSize: 100, PollInterval: 10 * time.Millisecond,
+		ErrorBackoff: core.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		RetryBackoff: core.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := s.ctx(t)
+	if err := relay.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for len(store.Pending()) > 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("relay did not publish everything: %d pending", len(store.Pending()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := relay.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	got := s.h.Read(t, prefix+"stock", aggregates*perAggregate)
+	last := map[string]int64{}
+	count := map[string]int{}
+	for _, m := range got {
+		agg := m.Headers[core.HeaderAggregateID]
+		id, err := strconv.ParseInt(m.Headers[core.HeaderEventID], 10, 64)
+		if err != nil {
+			t.Fatalf("event_id header %q: %v", m.Headers[core.HeaderEventID], err)
+		}
+		if id <= last[agg] {
+			t.Fatalf("aggregate %s: event %d arrived after %d", agg, id, last[agg])
+		}
+		if !s.h.NoKey && m.Key != agg {
+			t.Fatalf("event %d: key %q, want %q", id, m.Key, agg)
+		}
+		last[agg] = id
+		count[agg]++
+	}
+	for a := range aggregates {
+		if n := count[fmt.Sprintf("agg-%02d", a)]; n != perAggregate {
+			t.Errorf("aggregate agg-%02d: %d events arrived, want %d", a, n, perAggregate)
+		}
+	}
+}
+
+func (s suite) cancelled(t *testing.T) {
+	pub, _ := s.open(t, &brokers.Routing{}, "order")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := pub.Publish(ctx, event(1, "c", "order.placed", `{}`, nil))
+	if err == nil {
+		t.Fatal("publish with a cancelled context succeeded")
+	}
+	if core.IsPermanent(err) {
+		t.Errorf("cancellation %v is permanent; the event would be held instead of retried", err)
+	}
+}
+
+func (s suite) down(t *testing.T) {
+	if s.h.Stop == nil {
+		t.Skip("harness cannot stop its broker")
+	}
+	pub, prefix := s.open(t, &brokers.Routing{}, "order")
+	if err := pub.Publish(s.ctx(t), event(1, "d", "order.placed", `{}`, nil)); err != nil {
+		t.Fatalf("publish before the broker stops: %v", err)
+	}
+	s.h.Read(t, prefix+"order", 1)
+	s.h.Stop(t, pub)
+	ctx, cancel := context.WithTimeout(t.Context(), s.h.Timeout)
+	defer cancel()
+	start := time.Now()
+	err := pub.Publish(ctx, event(2, "d", "order.placed", `{}`, nil))
+	if err == nil {
+		t.Fatal("publish to a stopped broker succeeded")
+	}
+	t.Logf("publish to a stopped broker failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+}
