@@ -7,9 +7,13 @@ package memstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/outboxhq/outbox/core"
 )
@@ -20,9 +24,8 @@ type Store struct {
 	nextID  int64
 	rows    map[int64]*row
 	claimed map[int64]bool
-	// ClaimErr, when set, is returned by Claim; tests use it to simulate an
-	// unreachable database.
-	ClaimErr error
+	// claimErr, when set, is returned by Claim (see SetClaimErr).
+	claimErr error
 }
 
 type row struct {
@@ -46,6 +49,9 @@ func (s *Store) Add(events ...core.Event) []int64 {
 	for _, e := range events {
 		s.nextID++
 		e.ID = s.nextID
+		if e.UID == "" {
+			e.UID = uuid.NewString()
+		}
 		if e.CreatedAt.IsZero() {
 			e.CreatedAt = time.Now()
 		}
@@ -96,6 +102,14 @@ func (s *Store) Retry(id int64) {
 	}
 }
 
+// SetClaimErr makes Claim fail with err until called with nil; tests use it
+// to simulate an unreachable database. It is safe to call while relays run.
+func (s *Store) SetClaimErr(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claimErr = err
+}
+
 // Claim implements core.Store.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	if err := ctx.Err(); err != nil {
@@ -103,8 +117,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ClaimErr != nil {
-		return nil, s.ClaimErr
+	if s.claimErr != nil {
+		return nil, s.claimErr
 	}
 	now := time.Now()
 	ids := make([]int64, 0, len(s.rows))
@@ -132,7 +146,11 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 			continue
 		}
 		s.claimed[id] = true
-		c.events = append(c.events, r.ev)
+		// A copy, so a publisher touching it cannot change the stored row.
+		e := r.ev
+		e.Payload = slices.Clone(e.Payload)
+		e.Headers = maps.Clone(e.Headers)
+		c.events = append(c.events, e)
 	}
 	return c, nil
 }
@@ -148,6 +166,22 @@ func (c *claim) Events() []core.Event { return c.events }
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
+	// Only this claim's events may be recorded, as they are the only ones
+	// it holds.
+	mine := make(map[int64]bool, len(c.events))
+	for _, e := range c.events {
+		mine[e.ID] = true
+	}
+	for _, id := range done {
+		if !mine[id] {
+			return fmt.Errorf("complete claim: event %d is not in this claim", id)
+		}
+	}
+	for _, f := range failed {
+		if !mine[f.ID] {
+			return fmt.Errorf("complete claim: failed event %d is not in this claim", f.ID)
+		}
+	}
 	if err := c.end(); err != nil {
 		return err
 	}
