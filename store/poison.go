@@ -1,0 +1,288 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Operator queries for events that do not go out: the functions behind
+// `outbox stuck`, `outbox retry`, `outbox park` and `outbox unpark`.
+
+const (
+	// DefaultStuckAge is how long an event may stay pending before Stuck
+	// lists it.
+	DefaultStuckAge = 5 * time.Minute
+	// MaxSelected bounds the events one Stuck, Retry, Park or Unpark call
+	// touches, so an operator command never turns into an unbounded scan or
+	// one huge transaction. Call again while the count equals it.
+	MaxSelected  = 10000
+	defaultStuck = 100
+)
+
+// StuckQuery says which events Stuck lists.
+type StuckQuery struct {
+	// OlderThan lists pending events created at least this long ago;
+	// zero means DefaultStuckAge. Events held for an operator (a
+	// permanent failure) are listed whatever their age.
+	OlderThan time.Duration
+	Limit     int // at most this many, oldest first; default 100, at most MaxSelected
+	// IncludeParked adds parked events, which are otherwise left out.
+	IncludeParked bool
+}
+
+// StuckEvent is one event that has not gone out.
+type StuckEvent struct {
+	ID          int64
+	UID         string
+	AggregateID string
+	Type        string
+	CreatedAt   time.Time
+	Attempts    int    // failed publish attempts
+	LastError   string // reason of the last failed attempt; empty if none
+	// RetryAt is when a transiently failed event may be tried again; zero
+	// when it has not failed or is held.
+	RetryAt time.Time
+	// Held is a permanent failure: the event waits for Retry or Park and,
+	// in ordered mode, holds back its aggregate meanwhile.
+	Held         bool
+	ParkedAt     time.Time // zero unless parked
+	ParkedReason string
+	// HeldBack counts later pending events of the same aggregate that
+	// ordered mode keeps waiting behind this one; Blocking is HeldBack > 0.
+	HeldBack int64
+	Blocking bool
+	// WaitsFor is the earliest pending event of the same aggregate when
+	// that is not this one: the event to look at first. Zero otherwise.
+	WaitsFor int64
+}
+
+// Stuck lists events that have not gone out, oldest first: pending events
+// created before q.OlderThan ago, held events of any age and, when asked,
+// parked ones. It takes no locks and changes nothing.
+func (s *Store) Stuck(ctx context.Context, q StuckQuery) ([]StuckEvent, error) {
+	switch {
+	case q.OlderThan < 0:
+		return nil, fmt.Errorf("list stuck events: OlderThan %v is negative", q.OlderThan)
+	case q.Limit < 0:
+		return nil, fmt.Errorf("list stuck events: Limit %d is negative", q.Limit)
+	case q.Limit > MaxSelected:
+		return nil, fmt.Errorf("list stuck events: Limit %d is over the maximum of %d", q.Limit, MaxSelected)
+	}
+	if q.OlderThan == 0 {
+		q.OlderThan = DefaultStuckAge
+	}
+	if q.Limit == 0 {
+		q.Limit = defaultStuck
+	}
+	t := s.n.Outbox
+	// Pending and parked rows are found through their own indexes; the
+	// two counts use the (aggregate_id, id) index of the pending rows.
+	pending := `SELECT id FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL
+      AND (created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity')
+    ORDER BY id LIMIT $2`
+	if q.IncludeParked {
+		pending = `(` + pending + `) UNION ALL (SELECT id FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NOT NULL ORDER BY id LIMIT $2)`
+	}
+	sql := `
+SELECT o.id, o.uid::text, o.aggregate_id::text, o.type, o.created_at, o.attempts,
+       COALESCE(o.last_error, ''), o.retry_at, o.parked_at, COALESCE(o.parked_reason, ''),
+       CASE WHEN o.parked_at IS NULL THEN (
+           SELECT count(*) FROM ` + t + ` l
+           WHERE l.aggregate_id = o.aggregate_id AND l.id > o.id
+             AND l.dispatched_at IS NULL AND l.parked_at IS NULL) ELSE 0 END,
+       CASE WHEN o.parked_at IS NULL THEN (
+           SELECT min(e.id) FROM ` + t + ` e
+           WHERE e.aggregate_id = o.aggregate_id AND e.id < o.id
+             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END
+FROM ` + t + ` o
+WHERE o.id IN (` + pending + `)
+ORDER BY o.id
+LIMIT $2`
+	rows, err := s.pool.Query(ctx, sql, q.OlderThan.Seconds(), q.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list stuck events: %w", err)
+	}
+	defer rows.Close()
+	var out []StuckEvent
+	for rows.Next() {
+		var (
+			e             StuckEvent
+			retry, parked pgtype.Timestamptz
+			waitsFor      *int64
+		)
+		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.CreatedAt, &e.Attempts,
+			&e.LastError, &retry, &parked, &e.ParkedReason, &e.HeldBack, &waitsFor); err != nil {
+			return nil, fmt.Errorf("list stuck events: scan: %w", err)
+		}
+		switch {
+		case retry.Valid && retry.InfinityModifier == pgtype.Infinity:
+			e.Held = true
+		case retry.Valid && retry.InfinityModifier == pgtype.Finite:
+			e.RetryAt = retry.Time
+		}
+		if parked.Valid {
+			e.ParkedAt = parked.Time
+		}
+		if waitsFor != nil {
+			e.WaitsFor = *waitsFor
+		}
+		e.Blocking = e.HeldBack > 0
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list stuck events: %w", err)
+	}
+	return out, nil
+}
+
+// Selector names the events an operator command acts on. Set fields are
+// combined with AND; at least one must be set, so that no command acts on
+// every event by accident.
+type Selector struct {
+	IDs         []int64 // outbox row ids; at most MaxSelected
+	AggregateID string  // a UUID
+	Type        string  // exact event type
+}
+
+// String describes the selector for logs and error messages.
+func (sel Selector) String() string {
+	var parts []string
+	if len(sel.IDs) > 0 {
+		ids := make([]string, 0, min(len(sel.IDs), 10))
+		for i, id := range sel.IDs {
+			if i == 10 {
+				ids = append(ids, fmt.Sprintf("... %d in all", len(sel.IDs)))
+				break
+			}
+			ids = append(ids, strconv.FormatInt(id, 10))
+		}
+		parts = append(parts, "ids "+strings.Join(ids, ","))
+	}
+	if sel.AggregateID != "" {
+		parts = append(parts, "aggregate "+sel.AggregateID)
+	}
+	if sel.Type != "" {
+		parts = append(parts, "type "+strconv.Quote(sel.Type))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, " and ")
+}
+
+// where turns the selector into SQL conditions on alias o, numbering its
+// parameters after the first `next-1`.
+func (sel Selector) where(next int) (string, []any, error) {
+	var (
+		conds []string
+		args  []any
+	)
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(next+len(args)-1)
+	}
+	if len(sel.IDs) > 0 {
+		if len(sel.IDs) > MaxSelected {
+			return "", nil, fmt.Errorf("selector: %d ids, over the maximum of %d", len(sel.IDs), MaxSelected)
+		}
+		for _, id := range sel.IDs {
+			if id <= 0 {
+				return "", nil, fmt.Errorf("selector: id %d is not a valid event id", id)
+			}
+		}
+		conds = append(conds, "o.id = ANY("+param(sel.IDs)+"::bigint[])")
+	}
+	if sel.AggregateID != "" {
+		agg, err := uuid.Parse(sel.AggregateID)
+		if err != nil {
+			return "", nil, fmt.Errorf("selector: aggregate id %q is not a UUID", sel.AggregateID)
+		}
+		conds = append(conds, "o.aggregate_id = "+param(agg.String())+"::uuid")
+	}
+	if sel.Type != "" {
+		conds = append(conds, "o.type = "+param(sel.Type))
+	}
+	if len(conds) == 0 {
+		return "", nil, errors.New("selector is empty: name event ids, an aggregate id or a type")
+	}
+	return strings.Join(conds, " AND "), args, nil
+}
+
+// Retry makes failed events that are waiting (held by a permanent failure
+// or backing off after a transient one) available to the relay now. Use it
+// after fixing what made them fail, such as a routing rule. It returns how
+// many events it released.
+func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
+	n, err := s.update(ctx, sel, "o.parked_at IS NULL AND o.retry_at IS NOT NULL", "retry_at = NULL")
+	if err != nil {
+		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
+	}
+	s.log.Info("events released for retry", "selector", sel.String(), "count", n)
+	return n, nil
+}
+
+// Park sets pending events aside with a reason: the relay no longer
+// claims them, and in ordered mode later events of their aggregates go
+// ahead. Parked events keep their row and identity; Stuck lists them with
+// IncludeParked and Unpark puts them back.
+func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, error) {
+	reason = strings.TrimSpace(reason)
+	switch {
+	case reason == "":
+		return 0, fmt.Errorf("park events (%s): a reason is required", sel)
+	case len(reason) > maxReason:
+		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), maxReason)
+	}
+	n, err := s.update(ctx, sel, "o.parked_at IS NULL", "parked_at = now(), parked_reason = $1", reason)
+	if err != nil {
+		return 0, fmt.Errorf("park events (%s): %w", sel, err)
+	}
+	s.log.Info("events parked", "selector", sel.String(), "reason", reason, "count", n)
+	return n, nil
+}
+
+// Unpark puts parked events back in the pending set with the same id and
+// uid, ready now. In ordered mode an unparked event again goes before the
+// later pending events of its aggregate; events of that aggregate published
+// while it was parked stay published, so consumers see it after them.
+func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
+	n, err := s.update(ctx, sel, "o.parked_at IS NOT NULL",
+		"parked_at = NULL, parked_reason = NULL, retry_at = NULL")
+	if err != nil {
+		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
+	}
+	s.log.Info("events unparked", "selector", sel.String(), "count", n)
+	return n, nil
+}
+
+// update applies set to the undispatched events matching sel and state.
+// Rows are locked in id order, as claims lock them, so a command waits for
+// a relay's claim to end instead of deadlocking with it; a row the relay
+// dispatched meanwhile no longer matches and is left alone.
+func (s *Store) update(ctx context.Context, sel Selector, state, set string, setArgs ...any) (int64, error) {
+	cond, args, err := sel.where(len(setArgs) + 2)
+	if err != nil {
+		return 0, err
+	}
+	sql := `UPDATE ` + s.n.Outbox + ` AS u SET ` + set + `
+WHERE u.id IN (
+    SELECT o.id FROM ` + s.n.Outbox + ` o
+    WHERE o.dispatched_at IS NULL AND ` + state + ` AND ` + cond + `
+    ORDER BY o.id
+    LIMIT $` + strconv.Itoa(len(setArgs)+1) + `
+    FOR UPDATE)`
+	tag, err := s.pool.Exec(ctx, sql, append(append(setArgs, MaxSelected), args...)...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
