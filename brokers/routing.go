@@ -3,9 +3,7 @@ package brokers
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
-	"sync"
 
 	"github.com/outboxhq/outbox/core"
 )
@@ -20,9 +18,6 @@ type Routing struct {
 	Fixed    string            `koanf:"topic"`    // every other type
 	// TopicPrefix is prepended to every resolved topic, such as "prod.".
 	TopicPrefix string `koanf:"topic_prefix"`
-
-	once         sync.Once
-	longestFirst []string // Prefixes keys, longest first
 }
 
 // ErrNoRoute is wrapped by Topic when no rule resolves a type.
@@ -58,16 +53,14 @@ func (r *Routing) resolve(typ string) (string, bool) {
 	if t, ok := r.Types[typ]; ok {
 		return t, true
 	}
-	r.once.Do(func() {
-		for k := range r.Prefixes {
-			r.longestFirst = append(r.longestFirst, k)
+	best, found := "", false
+	for prefix := range r.Prefixes {
+		if strings.HasPrefix(typ, prefix) && (!found || len(prefix) > len(best)) {
+			best, found = prefix, true
 		}
-		sort.Slice(r.longestFirst, func(i, j int) bool { return len(r.longestFirst[i]) > len(r.longestFirst[j]) })
-	})
-	for _, k := range r.longestFirst {
-		if strings.HasPrefix(typ, k) {
-			return r.Prefixes[k], true
-		}
+	}
+	if found {
+		return r.Prefixes[best], true
 	}
 	if r.Fixed != "" {
 		return r.Fixed, true

@@ -112,6 +112,9 @@ type StuckConfig struct {
 func Defaults() Config {
 	return Config{
 		Broker: "stdout",
+		// Non-nil maps: the loader merges file and environment into them.
+		Brokers: map[string]any{},
+		Routing: brokers.Routing{Types: map[string]string{}, Prefixes: map[string]string{}},
 		Relay: RelayConfig{
 			BatchSize: 500, Lanes: 16, PollInterval: time.Second, PublishTimeout: 30 * time.Second,
 			ShutdownTimeout: 30 * time.Second, Wakeups: true,
