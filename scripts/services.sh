@@ -113,7 +113,8 @@ start_rabbitmq() {
   rabbit_env "$RABBITMQ_CTL" await_startup >/dev/null || { cat "$tmp/rabbit.log" >&2; exit 1; }
   export OUTBOX_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$port/"
   # For tests that stop and start the broker (the reliability suite).
-  export OUTBOX_TEST_RABBITMQ_NODE="$RABBITMQ_NODENAME" OUTBOX_TEST_RABBITMQ_HOME="$tmp/rabbit"
+  export OUTBOX_TEST_RABBITMQ_NODE="$RABBITMQ_NODENAME" OUTBOX_TEST_RABBITMQ_HOME="$tmp/rabbit" \
+    OUTBOX_TEST_RABBITMQ_EPMD_PORT="$RABBITMQ_EPMD_PORT"
   log "RabbitMQ on 127.0.0.1:$port"
 }
 
