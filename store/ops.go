@@ -1,0 +1,465 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Operations over the whole outbox: the queries behind `outbox status`,
+// `outbox replay` and `outbox cleanup`, and the gauges of the metrics
+// poller.
+
+// StatusOptions say what Status measures.
+type StatusOptions struct {
+	// StuckAfter is the age at which a pending event counts as stuck;
+	// default DefaultStuckAge.
+	StuckAfter time.Duration
+	// RelayApplication, when set, lists the database sessions whose
+	// application_name it is (the relays) in Status.Replicas.
+	RelayApplication string
+}
+
+// Status is a snapshot of the outbox, read in one statement.
+type Status struct {
+	Pending  int64 // neither dispatched nor parked
+	Retrying int64 // pending and backing off after a transient failure
+	Held     int64 // pending and held for an operator by a permanent failure
+	Parked   int64
+	Stuck    int64 // pending for longer than StuckAfter, or held
+	// OldestPending is when the oldest pending event was created (zero if
+	// none); OldestPendingAge is the database clock's now() minus it.
+	OldestPending    time.Time
+	OldestPendingAge time.Duration
+	// DispatchedLastMinute counts events marked dispatched in the minute
+	// before the snapshot: the publish rate per minute.
+	DispatchedLastMinute int64
+	Now                  time.Time // the database clock at the snapshot
+	Replicas             []Replica // only with StatusOptions.RelayApplication
+}
+
+// Replica is what the database shows of the relays connected from one
+// client address.
+type Replica struct {
+	Client      string // client address, or "local" for a Unix socket
+	Connections int
+	InClaim     int       // sessions inside a transaction: claims being published
+	OldestClaim time.Time // start of the oldest open transaction; zero if none
+}
+
+// Status measures the outbox. Every count is served by a partial index
+// over pending rows or by the dispatched_at index, so its cost follows the
+// backlog, not the table's size.
+func (s *Store) Status(ctx context.Context, opts StatusOptions) (Status, error) {
+	if opts.StuckAfter < 0 {
+		return Status{}, fmt.Errorf("read outbox status: StuckAfter %v is negative", opts.StuckAfter)
+	}
+	if opts.StuckAfter == 0 {
+		opts.StuckAfter = DefaultStuckAge
+	}
+	t := s.n.Outbox
+	sql := `
+SELECT p.pending, p.retrying, p.held, p.stuck, p.oldest,
+       (SELECT count(*) FROM ` + t + ` WHERE dispatched_at IS NULL AND parked_at IS NOT NULL),
+       (SELECT count(*) FROM ` + t + ` WHERE dispatched_at > now() - interval '1 minute'),
+       now()
+FROM (
+    SELECT count(*) AS pending,
+           count(*) FILTER (WHERE retry_at > now() AND retry_at < 'infinity') AS retrying,
+           count(*) FILTER (WHERE retry_at = 'infinity') AS held,
+           count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity') AS stuck,
+           min(created_at) AS oldest
+    FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL
+) p`
+	var (
+		st     Status
+		oldest *time.Time
+	)
+	if err := s.pool.QueryRow(ctx, sql, opts.StuckAfter.Seconds()).Scan(&st.Pending, &st.Retrying, &st.Held,
+		&st.Stuck, &oldest, &st.Parked, &st.DispatchedLastMinute, &st.Now); err != nil {
+		return Status{}, fmt.Errorf("read outbox status: %w", err)
+	}
+	if oldest != nil {
+		st.OldestPending = *oldest
+		st.OldestPendingAge = max(st.Now.Sub(*oldest), 0)
+	}
+	if opts.RelayApplication != "" {
+		reps, err := s.replicas(ctx, opts.RelayApplication)
+		if err != nil {
+			return Status{}, err
+		}
+		st.Replicas = reps
+	}
+	return st, nil
+}
+
+func (s *Store) replicas(ctx context.Context, app string) ([]Replica, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT COALESCE(host(client_addr), 'local'), count(*),
+       count(*) FILTER (WHERE xact_start IS NOT NULL), min(xact_start)
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = $1
+GROUP BY 1 ORDER BY 1`, app)
+	if err != nil {
+		return nil, fmt.Errorf("list relay sessions: %w", err)
+	}
+	defer rows.Close()
+	var out []Replica
+	for rows.Next() {
+		var (
+			r      Replica
+			oldest *time.Time
+		)
+		if err := rows.Scan(&r.Client, &r.Connections, &r.InClaim, &oldest); err != nil {
+			return nil, fmt.Errorf("list relay sessions: scan: %w", err)
+		}
+		if oldest != nil {
+			r.OldestClaim = *oldest
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list relay sessions: %w", err)
+	}
+	return out, nil
+}
+
+// ReplaySelector names dispatched events to send again. Set fields are
+// combined with AND; at least one must be set.
+type ReplaySelector struct {
+	FromID, ToID  int64     // inclusive row id range; 0 leaves that end open
+	Type          string    // exact event type
+	AggregateID   string    // a UUID
+	CreatedAfter  time.Time // created at or after; zero leaves it open
+	CreatedBefore time.Time // created before; zero leaves it open
+}
+
+// String describes the selector for logs and messages.
+func (sel ReplaySelector) String() string {
+	var parts []string
+	switch {
+	case sel.FromID > 0 && sel.ToID > 0:
+		parts = append(parts, fmt.Sprintf("ids %d..%d", sel.FromID, sel.ToID))
+	case sel.FromID > 0:
+		parts = append(parts, fmt.Sprintf("ids from %d", sel.FromID))
+	case sel.ToID > 0:
+		parts = append(parts, fmt.Sprintf("ids up to %d", sel.ToID))
+	}
+	if sel.Type != "" {
+		parts = append(parts, "type "+strconv.Quote(sel.Type))
+	}
+	if sel.AggregateID != "" {
+		parts = append(parts, "aggregate "+sel.AggregateID)
+	}
+	if !sel.CreatedAfter.IsZero() {
+		parts = append(parts, "created from "+sel.CreatedAfter.UTC().Format(time.RFC3339))
+	}
+	if !sel.CreatedBefore.IsZero() {
+		parts = append(parts, "created before "+sel.CreatedBefore.UTC().Format(time.RFC3339))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, " and ")
+}
+
+// where returns SQL conditions on the outbox's columns; parameters are
+// numbered from $first.
+func (sel ReplaySelector) where(first int) (string, []any, error) {
+	var (
+		conds []string
+		args  []any
+	)
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(first+len(args)-1)
+	}
+	switch {
+	case sel.FromID < 0 || sel.ToID < 0:
+		return "", nil, errors.New("replay selector: ids must be positive")
+	case sel.ToID > 0 && sel.ToID < sel.FromID:
+		return "", nil, fmt.Errorf("replay selector: id range %d..%d is empty", sel.FromID, sel.ToID)
+	case !sel.CreatedAfter.IsZero() && !sel.CreatedBefore.IsZero() && !sel.CreatedBefore.After(sel.CreatedAfter):
+		return "", nil, errors.New("replay selector: created-before is not after created-after")
+	}
+	if sel.FromID > 0 {
+		conds = append(conds, "id >= "+param(sel.FromID))
+	}
+	if sel.ToID > 0 {
+		conds = append(conds, "id <= "+param(sel.ToID))
+	}
+	if sel.Type != "" {
+		conds = append(conds, "type = "+param(sel.Type))
+	}
+	if sel.AggregateID != "" {
+		agg, err := uuid.Parse(sel.AggregateID)
+		if err != nil {
+			return "", nil, fmt.Errorf("replay selector: aggregate id %q is not a UUID", sel.AggregateID)
+		}
+		conds = append(conds, "aggregate_id = "+param(agg.String())+"::uuid")
+	}
+	if !sel.CreatedAfter.IsZero() {
+		conds = append(conds, "created_at >= "+param(sel.CreatedAfter))
+	}
+	if !sel.CreatedBefore.IsZero() {
+		conds = append(conds, "created_at < "+param(sel.CreatedBefore))
+	}
+	if len(conds) == 0 {
+		return "", nil, errors.New("replay selector is empty: name an id range, a type, an aggregate or a time range")
+	}
+	return strings.Join(conds, " AND "), args, nil
+}
+
+// ReplayOptions tune Replay.
+type ReplayOptions struct {
+	BatchSize int  // events per transaction; default 1000
+	DryRun    bool // count what would be replayed, change nothing
+	// Progress, when set, is called after each batch with the running total.
+	Progress func(replayed int64)
+}
+
+// Replay makes dispatched events matching sel pending again, so the relay
+// publishes them once more with the same row id, uid and payload:
+// consumers that already processed them drop them as duplicates, and a
+// consumer that lost their effects gets them back. Pending and parked events
+// are left alone. It works in batches of one short transaction each, in id
+// order, and returns how many events it replayed (or would, with DryRun).
+// Cancelling ctx stops it between batches; what it replayed stays replayed.
+func (s *Store) Replay(ctx context.Context, sel ReplaySelector, opts ReplayOptions) (int64, error) {
+	if opts.BatchSize < 0 {
+		return 0, fmt.Errorf("replay events: BatchSize %d is negative", opts.BatchSize)
+	}
+	if opts.BatchSize == 0 {
+		opts.BatchSize = 1000
+	}
+	cond, args, err := sel.where(3)
+	if err != nil {
+		return 0, fmt.Errorf("replay events: %w", err)
+	}
+	t := s.n.Outbox
+	match := `SELECT id FROM ` + t + `
+    WHERE id > $1 AND dispatched_at IS NOT NULL AND ` + cond + `
+    ORDER BY id LIMIT $2`
+	var sql string
+	if opts.DryRun {
+		sql = `SELECT count(*), COALESCE(max(id), 0) FROM (` + match + `) m`
+	} else {
+		// Row locks in id order, as claims take them; attempts and errors
+		// start afresh so the replay is not held back by an old failure.
+		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
+    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL
+    FROM m WHERE o.id = m.id RETURNING o.id)
+SELECT count(*), COALESCE(max(id), 0) FROM u`
+	}
+	var total, after int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("replay events (%s): %w", sel, err)
+		}
+		var n, last int64
+		if err := s.pool.QueryRow(ctx, sql, append([]any{after, opts.BatchSize}, args...)...).Scan(&n, &last); err != nil {
+			return total, fmt.Errorf("replay events (%s): %w", sel, err)
+		}
+		total += n
+		if n > 0 && opts.Progress != nil {
+			opts.Progress(total)
+		}
+		if n < int64(opts.BatchSize) {
+			break
+		}
+		after = last
+	}
+	if total > 0 && !opts.DryRun {
+		// Wake the relays now rather than at their next poll.
+		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, '')", s.n.Channel); err != nil {
+			s.log.Warn("replay: notify relays", "error", err)
+		}
+		s.log.Info("events replayed", "selector", sel.String(), "count", total)
+	}
+	return total, nil
+}
+
+// Default retention windows, as CleanupOptions fills them in.
+const (
+	DefaultDispatchedRetention = 7 * 24 * time.Hour
+	DefaultProcessedRetention  = 14 * 24 * time.Hour
+	defaultCleanupBatch        = 5000
+)
+
+// ErrCleanupBusy is returned by Cleanup when another cleaner of the same
+// outbox, in this process or another, holds the cleanup lock.
+var ErrCleanupBusy = errors.New("another cleanup of this outbox is running")
+
+// CleanupOptions tune Cleanup. The zero value is valid.
+type CleanupOptions struct {
+	// Dispatched keeps dispatched events this long after their dispatch;
+	// default DefaultDispatchedRetention.
+	Dispatched time.Duration
+	// Processed keeps consumer dedupe records this long; default
+	// DefaultProcessedRetention. It must exceed the longest time in which
+	// an event can be delivered again (replays, broker redelivery).
+	Processed time.Duration
+	BatchSize int           // rows per delete statement; default 5000
+	Pause     time.Duration // wait between batches, to spread the I/O; default none
+	DryRun    bool          // count what would go, delete nothing
+	// Progress, when set, is called after each batch.
+	Progress func(CleanupProgress)
+}
+
+// CleanupProgress reports a running cleanup.
+type CleanupProgress struct {
+	Table   string // "outbox" or "processed"
+	Deleted int64  // rows deleted from Table so far
+}
+
+// CleanupResult says what a Cleanup deleted, or would delete with DryRun.
+type CleanupResult struct {
+	Outbox, Processed int64
+	// Cutoffs: rows older than these went. They are fixed when the run
+	// starts, so a long run does not chase the clock.
+	OutboxCutoff, ProcessedCutoff time.Time
+	Batches                       int
+	Elapsed                       time.Duration
+	DryRun                        bool
+}
+
+func (o CleanupOptions) withDefaults() (CleanupOptions, error) {
+	switch {
+	case o.Dispatched < 0:
+		return o, fmt.Errorf("Dispatched %v is negative", o.Dispatched)
+	case o.Processed < 0:
+		return o, fmt.Errorf("Processed %v is negative", o.Processed)
+	case o.BatchSize < 0:
+		return o, fmt.Errorf("BatchSize %d is negative", o.BatchSize)
+	case o.Pause < 0:
+		return o, fmt.Errorf("Pause %v is negative", o.Pause)
+	}
+	if o.Dispatched == 0 {
+		o.Dispatched = DefaultDispatchedRetention
+	}
+	if o.Processed == 0 {
+		o.Processed = DefaultProcessedRetention
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = defaultCleanupBatch
+	}
+	return o, nil
+}
+
+// Cleanup deletes dispatched events older than opts.Dispatched and dedupe
+// records older than opts.Processed. Pending and parked events are never
+// deleted, whatever their age. Each batch is its own short transaction,
+// apart from any claim, so relays keep claiming while it runs. One cleaner
+// per outbox runs at a time: Cleanup takes a session advisory lock and
+// returns ErrCleanupBusy when another holds it. Cancelling ctx stops it
+// between batches.
+func (s *Store) Cleanup(ctx context.Context, opts CleanupOptions) (CleanupResult, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return CleanupResult{}, fmt.Errorf("clean up outbox: %w", err)
+	}
+	start := time.Now()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return CleanupResult{}, fmt.Errorf("clean up outbox: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	// A session lock, not a transaction one: the batches commit one by
+	// one. It goes with the connection if the process dies.
+	key := "outbox cleanup " + s.cfg.Schema + "." + s.cfg.Table
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&locked); err != nil {
+		return CleanupResult{}, fmt.Errorf("clean up outbox: take cleanup lock: %w", err)
+	}
+	if !locked {
+		return CleanupResult{}, fmt.Errorf("clean up outbox: %w", ErrCleanupBusy)
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key); err != nil {
+			// The connection may keep the lock: close it rather than
+			// return it to the pool still locked.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+
+	res := CleanupResult{DryRun: opts.DryRun}
+	if err := conn.QueryRow(ctx, "SELECT now() - make_interval(secs => $1), now() - make_interval(secs => $2)",
+		opts.Dispatched.Seconds(), opts.Processed.Seconds()).Scan(&res.OutboxCutoff, &res.ProcessedCutoff); err != nil {
+		return res, fmt.Errorf("clean up outbox: read clock: %w", err)
+	}
+	tables := []struct {
+		name, count, del string
+		cutoff           time.Time
+		n                *int64
+	}{
+		{
+			name: "outbox", cutoff: res.OutboxCutoff, n: &res.Outbox,
+			count: `SELECT count(*) FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL`,
+			// SKIP LOCKED: a row someone holds (a replay) is left for
+			// the next run rather than waited for.
+			del: `DELETE FROM ` + s.n.Outbox + ` WHERE id IN (
+    SELECT id FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL
+    ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		},
+		{
+			name: "processed", cutoff: res.ProcessedCutoff, n: &res.Processed,
+			count: `SELECT count(*) FROM ` + s.n.Processed + ` WHERE processed_at < $1`,
+			del: `DELETE FROM ` + s.n.Processed + ` WHERE (consumer, event_id) IN (
+    SELECT consumer, event_id FROM ` + s.n.Processed + ` WHERE processed_at < $1
+    ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		},
+	}
+	for _, tb := range tables {
+		if opts.DryRun {
+			if err := conn.QueryRow(ctx, tb.count, tb.cutoff).Scan(tb.n); err != nil {
+				return res, fmt.Errorf("clean up %s: count: %w", tb.name, err)
+			}
+			continue
+		}
+		for {
+			tag, err := conn.Exec(ctx, tb.del, tb.cutoff, opts.BatchSize)
+			if err != nil {
+				return res, fmt.Errorf("clean up %s: delete batch: %w", tb.name, err)
+			}
+			res.Batches++
+			*tb.n += tag.RowsAffected()
+			if opts.Progress != nil {
+				opts.Progress(CleanupProgress{Table: tb.name, Deleted: *tb.n})
+			}
+			if tag.RowsAffected() < int64(opts.BatchSize) {
+				break
+			}
+			if !sleepCtx(ctx, opts.Pause) {
+				return res, fmt.Errorf("clean up %s: %w", tb.name, ctx.Err())
+			}
+		}
+	}
+	res.Elapsed = time.Since(start)
+	if !opts.DryRun {
+		s.log.Info("outbox cleaned up", "outbox_deleted", res.Outbox, "processed_deleted", res.Processed,
+			"outbox_cutoff", res.OutboxCutoff, "processed_cutoff", res.ProcessedCutoff,
+			"batches", res.Batches, "elapsed", res.Elapsed)
+	}
+	return res, nil
+}
+
+// sleepCtx waits d or until ctx is done; false means ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
