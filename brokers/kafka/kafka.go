@@ -1,0 +1,277 @@
+// Package kafka is the "kafka" broker: Watermill's Kafka publisher (Sarama)
+// with the idempotent producer and acks from all in-sync replicas, the
+// aggregate id as the message key, so one aggregate's events share a
+// partition and keep their order.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/wm"
+	"github.com/outboxhq/outbox/core"
+)
+
+func init() {
+	brokers.Register("kafka", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
+		var s Settings
+		if err := p.Config.Decode(&s); err != nil {
+			return nil, fmt.Errorf("kafka settings: %w", err)
+		}
+		return New(ctx, s, p.Topics, p.Logger)
+	})
+}
+
+// Settings configure the Kafka publisher; keys are those of the
+// brokers.kafka configuration section (environment: OUTBOX_BROKERS_KAFKA_<KEY>).
+type Settings struct {
+	Brokers  []string `koanf:"brokers"`   // host:port of one or more brokers; required
+	ClientID string   `koanf:"client_id"` // default "outbox"
+	Version  string   `koanf:"version"`   // protocol version the cluster supports at least; default "2.8.0"
+	// Acks is "all" (default: every in-sync replica, with the idempotent
+	// producer) or "leader" (faster; a leader failover can lose the event,
+	// and the producer is then not idempotent).
+	Acks            string        `koanf:"acks"`
+	Compression     string        `koanf:"compression"`       // none (default), gzip, snappy, lz4 or zstd
+	MaxMessageBytes int           `koanf:"max_message_bytes"` // larger messages fail permanently; default 1000000
+	Timeout         time.Duration `koanf:"timeout"`           // broker wait for replica acks; default 10s
+	DialTimeout     time.Duration `koanf:"dial_timeout"`      // default 10s
+	// Partitioner picks a key's partition: "murmur2" (default; the Java
+	// client's, so other producers of the same keys agree) or "fnv" (Sarama's).
+	Partitioner string `koanf:"partitioner"`
+
+	TLS                   bool   `koanf:"tls"` // implied by any other tls_ key
+	TLSCAFile             string `koanf:"tls_ca_file"`
+	TLSCertFile           string `koanf:"tls_cert_file"`
+	TLSKeyFile            string `koanf:"tls_key_file"`
+	TLSServerName         string `koanf:"tls_server_name"`
+	TLSInsecureSkipVerify bool   `koanf:"tls_insecure_skip_verify"`
+
+	SASLMechanism string `koanf:"sasl_mechanism"` // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; default none
+	SASLUser      string `koanf:"sasl_user"`
+	SASLPassword  string `koanf:"sasl_password"`
+}
+
+// String leaves the password out, so settings can be logged.
+func (s Settings) String() string {
+	pw := ""
+	if s.SASLPassword != "" {
+		pw = "(set)"
+	}
+	return fmt.Sprintf("kafka{brokers=%v acks=%s sasl=%s user=%q password=%s tls=%v}",
+		s.Brokers, s.Acks, s.SASLMechanism, s.SASLUser, pw, s.TLS)
+}
+
+func (s Settings) withDefaults() Settings {
+	def := func(v *string, d string) {
+		if *v == "" {
+			*v = d
+		}
+	}
+	def(&s.ClientID, "outbox")
+	def(&s.Version, sarama.DefaultVersion.String())
+	def(&s.Acks, "all")
+	def(&s.Compression, "none")
+	def(&s.Partitioner, "murmur2")
+	if s.MaxMessageBytes == 0 {
+		s.MaxMessageBytes = 1000000
+	}
+	if s.Timeout == 0 {
+		s.Timeout = 10 * time.Second
+	}
+	if s.DialTimeout == 0 {
+		s.DialTimeout = 10 * time.Second
+	}
+	if s.TLSCAFile != "" || s.TLSCertFile != "" || s.TLSServerName != "" || s.TLSInsecureSkipVerify {
+		s.TLS = true
+	}
+	return s
+}
+
+var compressions = map[string]sarama.CompressionCodec{
+	"none": sarama.CompressionNone, "gzip": sarama.CompressionGZIP, "snappy": sarama.CompressionSnappy,
+	"lz4": sarama.CompressionLZ4, "zstd": sarama.CompressionZSTD,
+}
+
+// Validate reports the first missing or invalid setting, naming its key.
+func (s Settings) Validate() error {
+	s = s.withDefaults()
+	if len(s.Brokers) == 0 {
+		return errors.New("kafka: brokers is empty")
+	}
+	for _, b := range s.Brokers {
+		if !strings.Contains(b, ":") {
+			return fmt.Errorf("kafka: brokers: %q is not host:port", b)
+		}
+	}
+	if _, err := sarama.ParseKafkaVersion(s.Version); err != nil {
+		return fmt.Errorf("kafka: version: %w", err)
+	}
+	if s.Acks != "all" && s.Acks != "leader" {
+		return fmt.Errorf("kafka: acks: %q is not all or leader", s.Acks)
+	}
+	if _, ok := compressions[s.Compression]; !ok {
+		return fmt.Errorf("kafka: compression: %q is not none, gzip, snappy, lz4 or zstd", s.Compression)
+	}
+	if s.Partitioner != "murmur2" && s.Partitioner != "fnv" {
+		return fmt.Errorf("kafka: partitioner: %q is not murmur2 or fnv", s.Partitioner)
+	}
+	switch {
+	case s.MaxMessageBytes < 0:
+		return errors.New("kafka: max_message_bytes is negative")
+	case s.Timeout < 0:
+		return errors.New("kafka: timeout is negative")
+	case s.DialTimeout < 0:
+		return errors.New("kafka: dial_timeout is negative")
+	}
+	switch s.SASLMechanism {
+	case "":
+		if s.SASLUser != "" || s.SASLPassword != "" {
+			return errors.New("kafka: sasl_mechanism is empty but sasl_user or sasl_password is set")
+		}
+	case sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512:
+		if s.SASLUser == "" {
+			return errors.New("kafka: sasl_user is empty")
+		}
+		if s.SASLPassword == "" {
+			return errors.New("kafka: sasl_password is empty")
+		}
+	default:
+		return fmt.Errorf("kafka: sasl_mechanism: %q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.SASLMechanism)
+	}
+	return nil
+}
+
+func (s Settings) sarama() (*sarama.Config, error) {
+	c := sarama.NewConfig()
+	c.ClientID = s.ClientID
+	c.Version, _ = sarama.ParseKafkaVersion(s.Version)
+	c.Producer.Return.Successes = true // a SyncProducer needs it
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Idempotent = true
+	c.Net.MaxOpenRequests = 1 // the idempotent producer's condition for ordered retries
+	if s.Acks == "leader" {
+		c.Producer.RequiredAcks = sarama.WaitForLocal
+		c.Producer.Idempotent = false
+	}
+	c.Producer.Retry.Max = 10
+	c.Producer.Compression = compressions[s.Compression]
+	c.Producer.MaxMessageBytes = s.MaxMessageBytes
+	c.Producer.Timeout = s.Timeout
+	c.Producer.Partitioner = sarama.NewHashPartitioner
+	if s.Partitioner == "murmur2" {
+		c.Producer.Partitioner = sarama.NewCustomPartitioner(sarama.WithAbsFirst(), sarama.WithCustomHashFunction(newMurmur2))
+	}
+	c.Net.DialTimeout = s.DialTimeout
+	c.Metadata.Retry.Max = 3
+	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+	c.Metadata.Full = false // only the topics the outbox publishes to
+	if s.TLS {
+		tc, err := brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
+			ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}.Config()
+		if err != nil {
+			return nil, fmt.Errorf("kafka: %w", err)
+		}
+		c.Net.TLS.Enable = true
+		c.Net.TLS.Config = tc
+	}
+	if s.SASLMechanism != "" {
+		c.Net.SASL.Enable = true
+		c.Net.SASL.Handshake = true
+		c.Net.SASL.Mechanism = sarama.SASLMechanism(s.SASLMechanism)
+		c.Net.SASL.User = s.SASLUser
+		c.Net.SASL.Password = s.SASLPassword
+		switch s.SASLMechanism {
+		case sarama.SASLTypeSCRAMSHA256:
+			c.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return newSCRAM(sha256Hash) }
+		case sarama.SASLTypeSCRAMSHA512:
+			c.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return newSCRAM(sha512Hash) }
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	return c, nil
+}
+
+// New connects to the cluster (an unreachable one is an error) and returns
+// a publisher routing events with topics.
+func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	s = s.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := s.sarama()
+	if err != nil {
+		return nil, err
+	}
+	if err := probe(ctx, s.Brokers, cfg); err != nil {
+		return nil, fmt.Errorf("connect to kafka %v: %w", s.Brokers, err)
+	}
+	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
+		Brokers: s.Brokers,
+		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+			return m.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+		OverwriteSaramaConfig: cfg,
+	}, watermill.NewSlogLogger(log))
+	if err != nil {
+		return nil, fmt.Errorf("connect to kafka %v: %w", s.Brokers, err)
+	}
+	log.Info("kafka publisher ready", "brokers", s.Brokers, "acks", s.Acks, "idempotent", cfg.Producer.Idempotent)
+	return wm.New(wm.Guard(pub), topics, classify), nil
+}
+
+// probe fetches metadata once, so an unreachable cluster or refused
+// credentials fail New, whatever the acks setting. (Sarama's producer, when
+// it fails to start, also leaves its client running.)
+func probe(ctx context.Context, addrs []string, cfg *sarama.Config) error {
+	c, err := sarama.NewClient(addrs, cfg)
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.RefreshMetadata() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if cerr := c.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// classify marks the errors retrying cannot fix: this message is too large
+// or malformed, or the topic name is invalid. The configuration was checked
+// at start-up, so a ConfigurationError now is about the message (one over
+// max_message_bytes).
+func classify(err error) error {
+	var cfgErr sarama.ConfigurationError
+	if errors.As(err, &cfgErr) {
+		return core.Permanent(err)
+	}
+	for _, k := range []sarama.KError{
+		sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrInvalidMessage,
+		sarama.ErrInvalidRecord, sarama.ErrInvalidMessageSize,
+	} {
+		if errors.Is(err, k) {
+			return core.Permanent(err)
+		}
+	}
+	return err
+}

@@ -1,0 +1,23 @@
+package kafka
+
+import "testing"
+
+// Values from the Java client's own tests of Utils.murmur2.
+func TestMurmur2MatchesJava(t *testing.T) {
+	cases := map[string]int32{
+		"21":                         -973932308,
+		"foobar":                     -790332482,
+		"a-little-bit-long-string":   -985981536,
+		"a-little-bit-longer-string": -1486304829,
+		"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+		"abc": 479470107,
+	}
+	h := newMurmur2()
+	for in, want := range cases {
+		h.Reset()
+		_, _ = h.Write([]byte(in))
+		if got := int32(h.Sum32()); got != want {
+			t.Errorf("murmur2(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
