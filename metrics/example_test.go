@@ -31,7 +31,9 @@ func Example() {
 		}
 		go poller.Run(context.Background())
 	}
-	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	_ = &http.Server{Addr: "127.0.0.1:9090", Handler: mux}
 	fmt.Println(metrics.TypePrefix(&core.Event{Type: "order.placed"}))
 	// Output: order
 }
