@@ -100,11 +100,13 @@ func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 	if t := e.cfg.Database.IdleInTransactionTimeout; t > 0 {
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(t.Milliseconds(), 10)
 	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, pc)
+	// Creating the pool under a short-lived context made later queries fail
+	// with that context's deadline, so only the first ping is bounded.
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		err = pool.Ping(cctx)
+		cancel()
 	}
 	if err != nil {
 		if pool != nil {
