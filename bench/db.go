@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+type bench struct {
+	cfg  config
+	log  *slog.Logger
+	pool *pgxpool.Pool // for setup and checks; each measured component gets its own
+	seq  int
+}
+
+func newBench(ctx context.Context, c config, log *slog.Logger) (*bench, error) {
+	pool, err := openPool(ctx, c.DatabaseURL, 8, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &bench{cfg: c, log: log, pool: pool}, nil
+}
+
+func (b *bench) close() { b.pool.Close() }
+
+// openPool connects a pool of at most maxConns; tracer may be nil.
+func openPool(ctx context.Context, url string, maxConns int32, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	pc.MaxConns = maxConns
+	pc.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping database: %w", err)
+	}
+	return pool, nil
+}
+
+// schema creates a fresh, migrated outbox schema; drop removes it.
+func (b *bench) schema(ctx context.Context, name string) (cfg store.Config, drop func(), err error) {
+	b.seq++
+	cfg = store.Config{Schema: fmt.Sprintf("bench_%s_%d", name, b.seq)}
+	cfg.NotifyChannel = cfg.Schema // one channel per schema: runs do not wake each other
+	q := ident(cfg.Schema)
+	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
+		return cfg, nil, fmt.Errorf("drop old schema: %w", err)
+	}
+	if _, err := store.Migrate(ctx, b.pool, cfg); err != nil {
+		return cfg, nil, fmt.Errorf("migrate %s: %w", cfg.Schema, err)
+	}
+	drop = func() {
+		if _, err := b.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+q+" CASCADE"); err != nil {
+			b.log.Warn("drop schema", "schema", cfg.Schema, "error", err)
+		}
+	}
+	return cfg, drop, nil
+}
+
+func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
+
+func outboxTable(cfg store.Config) string {
+	cfg, _ = cfg.WithDefaults()
+	return ident(cfg.Schema, cfg.Table)
+}
+
+// fill inserts n pending events into the outbox, in chunks so no single
+// transaction grows huge, spread over the configured aggregates.
+func (b *bench) fill(ctx context.Context, cfg store.Config, n int) error {
+	start := time.Now()
+	pad := strings.Repeat("x", max(0, b.cfg.PayloadBytes-40))
+	q := `INSERT INTO ` + outboxTable(cfg) + ` (uid, aggregate_id, type, payload)
+SELECT gen_random_uuid(),
+       ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
+       'bench.event',
+       json_build_object('n', g, 'pad', $4::text)
+FROM generate_series($1::bigint, $2::bigint) AS g`
+	const chunk = 250_000
+	for from := 1; from <= n; from += chunk {
+		to := min(n, from+chunk-1)
+		if _, err := b.pool.Exec(ctx, q, from, to, b.cfg.Aggregates, pad); err != nil {
+			return fmt.Errorf("fill backlog: %w", err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, "VACUUM ANALYZE "+outboxTable(cfg)); err != nil {
+		return fmt.Errorf("analyze backlog: %w", err)
+	}
+	b.log.Info("backlog ready", "schema", cfg.Schema, "events", n, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// pending counts events not yet dispatched.
+func (b *bench) pending(ctx context.Context, cfg store.Config) (int, error) {
+	var n int
+	err := b.pool.QueryRow(ctx, "SELECT count(*) FROM "+outboxTable(cfg)+" WHERE dispatched_at IS NULL").Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count pending: %w", err)
+	}
+	return n, nil
+}
+
+// settle gives the server a quiet start between measurements.
+func (b *bench) settle(ctx context.Context) {
+	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		b.log.Debug("checkpoint", "error", err)
+	}
+}
+
+// env describes where the figures were taken.
+type env struct {
+	When       time.Time
+	OS, Arch   string
+	CPU        string
+	CPUs       int
+	MemoryGiB  float64
+	LoadAvg    string // at the start: other work on the machine shows here
+	GoVersion  string
+	PostgreSQL string
+	Settings   [][2]string
+}
+
+func (b *bench) environment(ctx context.Context) (env, error) {
+	e := env{
+		When: time.Now().UTC(), OS: runtime.GOOS, Arch: runtime.GOARCH,
+		CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		CPU: procField("/proc/cpuinfo", "model name"),
+	}
+	if kb := procField("/proc/meminfo", "MemTotal"); kb != "" {
+		var v float64
+		fmt.Sscanf(kb, "%f", &v)
+		e.MemoryGiB = v / (1 << 20)
+	}
+	if raw, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(raw))
+		if len(f) >= 3 {
+			e.LoadAvg = strings.Join(f[:3], " ")
+		}
+	}
+	if err := b.pool.QueryRow(ctx, "SHOW server_version").Scan(&e.PostgreSQL); err != nil {
+		return e, fmt.Errorf("read server version: %w", err)
+	}
+	names := []string{"shared_buffers", "work_mem", "max_connections", "fsync", "synchronous_commit",
+		"full_page_writes", "wal_level", "max_wal_size", "checkpoint_timeout", "autovacuum"}
+	rows, err := b.pool.Query(ctx, "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name", names)
+	if err != nil {
+		return e, fmt.Errorf("read settings: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return e, fmt.Errorf("read settings: %w", err)
+		}
+		e.Settings = append(e.Settings, [2]string{k, v})
+	}
+	return e, rows.Err()
+}
+
+func procField(path, key string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// sqlRecorder is a pgx tracer that keeps the text of the statements a
+// component sends, so the bench can EXPLAIN exactly what the store runs.
+type sqlRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	r.seen = append(r.seen, d.SQL)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// find returns the first recorded statement containing substr.
+func (r *sqlRecorder) find(substr string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.seen {
+		if strings.Contains(s, substr) {
+			return s
+		}
+	}
+	return ""
+}

@@ -1,0 +1,410 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/brokers/wm"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+// rate is a count of events over a time.
+type rate struct {
+	Name    string
+	Events  int64
+	Elapsed time.Duration
+	Note    string
+}
+
+func (r rate) PerSec() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Events) / r.Elapsed.Seconds()
+}
+
+// counter is a core.Publisher that only counts: the drains measure the
+// relay and the database, not a broker.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) Publish(context.Context, *core.Event) error { c.n.Add(1); return nil }
+func (c *counter) Close() error                               { return nil }
+
+// drainObserver counts events recorded as dispatched and keeps claim times.
+type drainObserver struct {
+	done   atomic.Int64
+	mu     sync.Mutex
+	claims []time.Duration
+}
+
+func (o *drainObserver) Claimed(n int, d time.Duration) {
+	if n == 0 {
+		return
+	}
+	o.mu.Lock()
+	o.claims = append(o.claims, d)
+	o.mu.Unlock()
+}
+func (o *drainObserver) Published(*core.Event, time.Duration, error) {}
+func (o *drainObserver) Completed(done, _ int, _ time.Duration)      { o.done.Add(int64(done)) }
+func (o *drainObserver) Errored(string, error)                       {}
+
+func (o *drainObserver) claimTimes() []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]time.Duration(nil), o.claims...)
+}
+
+// waitCount polls count until it reaches target, ctx ends or limit passes.
+func waitCount(ctx context.Context, count func() int64, target int64, limit time.Duration) int64 {
+	deadline := time.Now().Add(limit)
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n := count()
+		if n >= target || time.Now().After(deadline) {
+			return n
+		}
+		select {
+		case <-ctx.Done():
+			return count()
+		case <-t.C:
+		}
+	}
+}
+
+func (b *bench) relayOptions(unordered bool, obs core.Observer) core.Options {
+	return core.Options{
+		BatchSize: b.cfg.BatchSize, Lanes: b.cfg.Lanes, Unordered: unordered,
+		Logger: b.log.With("component", "relay"), Observer: obs,
+	}
+}
+
+// drainResult is a relay drain with its claim times.
+type drainResult struct {
+	rate
+	Claims []time.Duration
+}
+
+// relayDrain runs replicas relays, each on a pool of its own, over a
+// backlog of n events and times how long they take to record them all.
+func (b *bench) relayDrain(ctx context.Context, name string, cfg store.Config, n int, opts core.Options, replicas int, limit time.Duration) (drainResult, error) {
+	obs := &drainObserver{}
+	opts.Observer = obs
+	var relays []*core.Relay
+	var pools []*pgxpool.Pool
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	for range replicas {
+		pool, err := openPool(ctx, b.cfg.DatabaseURL, 4, nil)
+		if err != nil {
+			return drainResult{}, err
+		}
+		pools = append(pools, pool)
+		st, err := store.New(pool, cfg, b.log)
+		if err != nil {
+			return drainResult{}, fmt.Errorf("new store: %w", err)
+		}
+		r, err := core.New(st, &counter{}, opts)
+		if err != nil {
+			return drainResult{}, fmt.Errorf("new relay: %w", err)
+		}
+		relays = append(relays, r)
+	}
+	start := time.Now()
+	for _, r := range relays {
+		if err := r.Start(ctx); err != nil {
+			return drainResult{}, fmt.Errorf("start relay: %w", err)
+		}
+	}
+	got := waitCount(ctx, obs.done.Load, int64(n), limit)
+	elapsed := time.Since(start)
+	for _, r := range relays {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err := r.Stop(sctx)
+		cancel()
+		if err != nil {
+			return drainResult{}, fmt.Errorf("stop relay: %w", err)
+		}
+	}
+	res := drainResult{rate: rate{Name: name, Events: got, Elapsed: elapsed}, Claims: obs.claimTimes()}
+	if got < int64(n) {
+		res.Note = fmt.Sprintf("stopped after %s with %d of %d drained", limit, got, n)
+	}
+	b.log.Info("drained", "name", name, "events", got, "took", elapsed.Round(time.Millisecond), "per_sec", int(res.PerSec()))
+	return res, nil
+}
+
+// floorDrain is the same claim-and-mark loop as bare SQL on one
+// connection, publishing nothing: what PostgreSQL itself allows.
+func (b *bench) floorDrain(ctx context.Context, cfg store.Config, n int, limit time.Duration) (rate, error) {
+	pool, err := openPool(ctx, b.cfg.DatabaseURL, 2, nil)
+	if err != nil {
+		return rate{}, err
+	}
+	defer pool.Close()
+	t := outboxTable(cfg)
+	claim := `SELECT id, uid::text, aggregate_id::text, type, payload, headers, created_at, attempts FROM ` + t + `
+WHERE dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())
+ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	mark := `UPDATE ` + t + ` SET dispatched_at = now() WHERE id = ANY($1)`
+	ids := make([]int64, 0, b.cfg.BatchSize)
+	var done int64
+	start := time.Now()
+	deadline := start.Add(limit)
+	for done < int64(n) && time.Now().Before(deadline) && ctx.Err() == nil {
+		ids = ids[:0]
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return rate{}, fmt.Errorf("begin floor claim: %w", err)
+		}
+		rows, err := tx.Query(ctx, claim, b.cfg.BatchSize)
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return rate{}, fmt.Errorf("floor claim: %w", err)
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id, nil, nil, nil, nil, nil, nil, nil); err != nil {
+				rows.Close()
+				_ = tx.Rollback(ctx)
+				return rate{}, fmt.Errorf("scan floor claim: %w", err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			_ = tx.Rollback(ctx)
+			return rate{}, fmt.Errorf("floor claim: %w", err)
+		}
+		if len(ids) > 0 {
+			if _, err := tx.Exec(ctx, mark, ids); err != nil {
+				_ = tx.Rollback(ctx)
+				return rate{}, fmt.Errorf("floor mark: %w", err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return rate{}, fmt.Errorf("floor commit: %w", err)
+		}
+		if len(ids) == 0 {
+			break
+		}
+		done += int64(len(ids))
+	}
+	r := rate{Name: "SQL floor", Events: done, Elapsed: time.Since(start),
+		Note: fmt.Sprintf("bare claim-and-mark, 1 connection, batch %d", b.cfg.BatchSize)}
+	b.log.Info("drained", "name", r.Name, "events", done, "took", r.Elapsed.Round(time.Millisecond), "per_sec", int(r.PerSec()))
+	return r, nil
+}
+
+// wmCounter is a Watermill publisher that only counts.
+type wmCounter struct{ n atomic.Int64 }
+
+func (c *wmCounter) Publish(_ string, msgs ...*message.Message) error {
+	c.n.Add(int64(len(msgs)))
+	return nil
+}
+func (c *wmCounter) Close() error { return nil }
+
+// wmCapture keeps the last messages published to it.
+type wmCapture struct{ msgs []*message.Message }
+
+func (c *wmCapture) Publish(_ string, msgs ...*message.Message) error {
+	c.msgs = append(c.msgs[:0], msgs...)
+	return nil
+}
+func (c *wmCapture) Close() error { return nil }
+
+// watermillDrain drains a backlog of n enveloped messages with Watermill's
+// forwarder over watermill-sql, with either its default schema or its
+// queue schema (delete on ack), both at their default batch of 100.
+func (b *bench) watermillDrain(ctx context.Context, queue bool, n int, limit time.Duration) (rate, error) {
+	b.seq++
+	schema := fmt.Sprintf("bench_wm_%d", b.seq)
+	if _, err := b.pool.Exec(ctx, "CREATE SCHEMA "+ident(schema)); err != nil {
+		return rate{}, fmt.Errorf("create schema: %w", err)
+	}
+	defer func() {
+		if _, err := b.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+ident(schema)+" CASCADE"); err != nil {
+			b.log.Warn("drop schema", "schema", schema, "error", err)
+		}
+	}()
+	pool, err := openPool(ctx, b.cfg.DatabaseURL, 4, nil)
+	if err != nil {
+		return rate{}, err
+	}
+	defer pool.Close()
+
+	const topic = "forwarder"
+	messages := ident(schema, "messages")
+	table := func(string) string { return messages }
+	offsets := ident(schema, "offsets")
+	var sc wsql.SchemaAdapter = wsql.DefaultPostgreSQLSchema{GenerateMessagesTableName: table}
+	var oa wsql.OffsetsAdapter = wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return offsets }}
+	name := "Watermill forwarder, default schema"
+	insertCols, insertExtra := "uuid, payload, metadata, transaction_id", ", pg_current_xact_id()"
+	if queue {
+		sc = wsql.PostgreSQLQueueSchema{GenerateMessagesTableName: table}
+		oa = wsql.PostgreSQLQueueOffsetsAdapter{DeleteOnAck: true, GenerateMessagesTableName: table}
+		name = "Watermill forwarder, queue schema"
+		insertCols, insertExtra = "uuid, payload, metadata", ""
+	}
+	wlog := watermill.NopLogger{}
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+		SchemaAdapter: sc, OffsetsAdapter: oa, InitializeSchema: true,
+	}, wlog)
+	if err != nil {
+		return rate{}, fmt.Errorf("new watermill subscriber: %w", err)
+	}
+	defer sub.Close()
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		return rate{}, fmt.Errorf("initialize watermill schema: %w", err)
+	}
+
+	// The backlog holds exactly what Watermill's forwarder publisher would
+	// write for a relay-shaped message; it is inserted with
+	// generate_series in transactions of 1,000, which is much faster than
+	// publishing it, and gives the default schema many transaction ids.
+	capture := &wmCapture{}
+	inner := wm.Message(&core.Event{ID: 1, UID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
+		Type: "bench.event", Payload: []byte(`{"n":1,"pad":"` + strings.Repeat("x", max(0, b.cfg.PayloadBytes-40)) + `"}`)})
+	if err := forwarder.NewPublisher(capture, forwarder.PublisherConfig{ForwarderTopic: topic}).Publish("events", inner); err != nil {
+		return rate{}, fmt.Errorf("envelope message: %w", err)
+	}
+	env := capture.msgs[0]
+	meta, err := json.Marshal(env.Metadata)
+	if err != nil {
+		return rate{}, fmt.Errorf("marshal metadata: %w", err)
+	}
+	fill := `INSERT INTO ` + messages + ` (` + insertCols + `)
+SELECT gen_random_uuid()::text, $1::json, $2::json` + insertExtra + ` FROM generate_series(1, $3::int)`
+	start := time.Now()
+	for left := n; left > 0; left -= 1000 {
+		if _, err := pool.Exec(ctx, fill, string(env.Payload), string(meta), min(left, 1000)); err != nil {
+			return rate{}, fmt.Errorf("fill watermill backlog: %w", err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, "VACUUM ANALYZE "+messages); err != nil {
+		return rate{}, fmt.Errorf("analyze watermill backlog: %w", err)
+	}
+	b.log.Info("backlog ready", "schema", schema, "events", n, "took", time.Since(start).Round(time.Millisecond))
+	b.settle(ctx)
+
+	out := &wmCounter{}
+	fwd, err := forwarder.NewForwarder(sub, out, wlog, forwarder.Config{ForwarderTopic: topic})
+	if err != nil {
+		return rate{}, fmt.Errorf("new forwarder: %w", err)
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ran := make(chan error, 1)
+	start = time.Now()
+	go func() { ran <- fwd.Run(fctx) }()
+	got := waitCount(ctx, out.n.Load, int64(n), limit)
+	elapsed := time.Since(start)
+	if err := fwd.Close(); err != nil {
+		return rate{}, fmt.Errorf("close forwarder: %w", err)
+	}
+	cancel()
+	<-ran
+	r := rate{Name: name, Events: got, Elapsed: elapsed, Note: "components/forwarder over watermill-sql v4, batch 100 (default)"}
+	if got < int64(n) {
+		r.Note += fmt.Sprintf("; stopped after %s with %d of %d drained", limit, got, n)
+	}
+	b.log.Info("drained", "name", name, "events", got, "took", elapsed.Round(time.Millisecond), "per_sec", int(r.PerSec()))
+	return r, nil
+}
+
+func (b *bench) drainSection(ctx context.Context, rep *report) error {
+	n := b.cfg.Backlog
+	relay := func(name string, unordered bool) error {
+		cfg, drop, err := b.schema(ctx, "drain")
+		if err != nil {
+			return err
+		}
+		defer drop()
+		if err := b.fill(ctx, cfg, n); err != nil {
+			return err
+		}
+		b.settle(ctx)
+		res, err := b.relayDrain(ctx, name, cfg, n, b.relayOptions(unordered, nil), 1, b.cfg.DrainCap)
+		if err != nil {
+			return err
+		}
+		res.Note = strings.TrimPrefix(fmt.Sprintf("%s; batch %d, %d lanes, claim p50 %s p99 %s", res.Note, b.cfg.BatchSize, b.cfg.Lanes,
+			fmtDur(percentile(res.Claims, 50)), fmtDur(percentile(res.Claims, 99))), "; ")
+		rep.Drain = append(rep.Drain, res.rate)
+		return nil
+	}
+	// The floor first: every other row is read against it.
+	cfg, drop, err := b.schema(ctx, "floor")
+	if err != nil {
+		return err
+	}
+	if err := b.fill(ctx, cfg, n); err != nil {
+		drop()
+		return err
+	}
+	b.settle(ctx)
+	floor, err := b.floorDrain(ctx, cfg, n, b.cfg.DrainCap)
+	drop()
+	if err != nil {
+		return err
+	}
+	rep.Drain = append(rep.Drain, floor)
+	if err := relay(nameOrdered, false); err != nil {
+		return err
+	}
+	if err := relay(nameUnordered, true); err != nil {
+		return err
+	}
+	for _, queue := range []bool{false, true} {
+		r, err := b.watermillDrain(ctx, queue, n, b.cfg.DrainCap)
+		if err != nil {
+			return err
+		}
+		rep.Drain = append(rep.Drain, r)
+	}
+	return nil
+}
+
+const (
+	nameOrdered   = "outbox relay, ordered"
+	nameUnordered = "outbox relay, unordered"
+)
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= 10*time.Millisecond:
+		return fmt.Sprintf("%.0fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	}
+}

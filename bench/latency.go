@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+// stamps pairs each event's commit time with its publish time, by uid.
+type stamps struct {
+	mu        sync.Mutex
+	committed map[string]time.Time
+	published map[string]time.Time
+}
+
+func newStamps() *stamps {
+	return &stamps{committed: map[string]time.Time{}, published: map[string]time.Time{}}
+}
+
+func (s *stamps) commit(uid string, t time.Time) {
+	s.mu.Lock()
+	s.committed[uid] = t
+	s.mu.Unlock()
+}
+
+func (s *stamps) Publish(_ context.Context, e *core.Event) error {
+	t := time.Now()
+	s.mu.Lock()
+	if _, dup := s.published[e.UID]; !dup {
+		s.published[e.UID] = t
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *stamps) Close() error { return nil }
+
+func (s *stamps) counts() (committed, published int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid := range s.committed {
+		if _, ok := s.published[uid]; ok {
+			published++
+		}
+	}
+	return int64(len(s.committed)), published
+}
+
+// latencies returns publish minus commit for every committed event that
+// was published, and how many were not. The relay can publish an event a
+// moment before the producer's Commit call returns (the commit is durable
+// before the client hears of it); such events count as zero.
+func (s *stamps) latencies() ([]time.Duration, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]time.Duration, 0, len(s.committed))
+	missing := 0
+	for uid, c := range s.committed {
+		p, ok := s.published[uid]
+		if !ok {
+			missing++
+			continue
+		}
+		out = append(out, max(0, p.Sub(c)))
+	}
+	return out, missing
+}
+
+// openLoop offers work at rate per second for d, on up to workers
+// goroutines; it returns when every offered call has finished.
+func openLoop(ctx context.Context, rate, workers int, d time.Duration, work func(ctx context.Context, i int64) error) error {
+	jobs := make(chan int64, rate*int(d/time.Second+1))
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				if err := work(ctx, i); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+			}
+		}()
+	}
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	var sent int64
+	total := int64(d / interval)
+loop:
+	for sent < total {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errs:
+			close(jobs)
+			wg.Wait()
+			return err
+		case now := <-tick.C:
+			due := min(total, int64(now.Sub(start)/interval)+1)
+			for ; sent < due; sent++ {
+				jobs <- sent
+			}
+		}
+	}
+	tick.Stop()
+	close(jobs)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latencyRow, error) {
+	cfg, drop, err := b.schema(ctx, "latency")
+	if err != nil {
+		return latencyRow{}, err
+	}
+	defer drop()
+	relayPool, err := openPool(ctx, b.cfg.DatabaseURL, 4, nil)
+	if err != nil {
+		return latencyRow{}, err
+	}
+	defer relayPool.Close()
+	st, err := store.New(relayPool, cfg, b.log)
+	if err != nil {
+		return latencyRow{}, fmt.Errorf("new store: %w", err)
+	}
+	rec := newStamps()
+	opts := b.relayOptions(false, nil)
+	opts.DisableWakeups = !wakeups
+	relay, err := core.New(st, rec, opts)
+	if err != nil {
+		return latencyRow{}, fmt.Errorf("new relay: %w", err)
+	}
+	if err := relay.Start(ctx); err != nil {
+		return latencyRow{}, fmt.Errorf("start relay: %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = relay.Stop(sctx)
+	}()
+	time.Sleep(200 * time.Millisecond) // the listener connects
+
+	pool, err := b.producerPool(ctx)
+	if err != nil {
+		return latencyRow{}, err
+	}
+	defer pool.Close()
+	w, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
+	if err != nil {
+		return latencyRow{}, err
+	}
+	start := time.Now()
+	var last time.Time
+	var lastMu sync.Mutex
+	err = openLoop(ctx, rate, 16, b.cfg.LatencyRun, func(ctx context.Context, i int64) error {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("new uid: %w", err)
+		}
+		uid := id.String()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return w.Write(ctx, tx, outbox.Message{UID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
+				Type: "bench.event", Payload: []byte(`{"n":1}`)})
+		}); err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		t := time.Now()
+		rec.commit(uid, t)
+		lastMu.Lock()
+		if t.After(last) {
+			last = t
+		}
+		lastMu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return latencyRow{}, err
+	}
+	committed := func() int64 { c, p := rec.counts(); return p - c } // reaches 0 when all are out
+	waitCount(ctx, committed, 0, 3*time.Second+opts.PollInterval)
+	lat, missing := rec.latencies()
+	row := latencyRow{Rate: rate, Wakeups: wakeups, Events: len(lat), Missing: missing,
+		P50: percentile(lat, 50), P99: percentile(lat, 99), Max: percentile(lat, 100)}
+	if el := last.Sub(start); el > 0 {
+		row.Achieved = float64(len(lat)+missing) / el.Seconds()
+	}
+	b.log.Info("latency", "rate", rate, "wakeups", wakeups, "achieved", int(row.Achieved), "p50", row.P50, "p99", row.P99, "max", row.Max, "missing", missing)
+	return row, nil
+}
+
+func (b *bench) latencySection(ctx context.Context, rep *report) error {
+	for _, wakeups := range []bool{true, false} {
+		for _, rate := range []int{100, 1000, 5000} {
+			b.settle(ctx)
+			row, err := b.latencyRun(ctx, rate, wakeups)
+			if err != nil {
+				return fmt.Errorf("latency at %d/s: %w", rate, err)
+			}
+			rep.Latency = append(rep.Latency, row)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox"
+)
+
+// closedLoop runs work on n goroutines, back to back, for d, and returns
+// how many calls succeeded and their mean duration.
+func closedLoop(ctx context.Context, n int, d time.Duration, work func(ctx context.Context, i int64) error) (int64, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var done, busy atomic.Int64
+	var seq atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				t := time.Now()
+				if err := work(ctx, seq.Add(1)); err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+						cancel()
+					}
+					return
+				}
+				busy.Add(int64(time.Since(t)))
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return 0, 0, err
+	default:
+	}
+	if done.Load() == 0 {
+		return 0, 0, nil
+	}
+	return done.Load(), time.Duration(busy.Load() / done.Load()), nil
+}
+
+func aggregateID(i int64, aggregates int) string {
+	return fmt.Sprintf("00000000-0000-4000-8000-%012x", i%int64(aggregates))
+}
+
+// listener holds a LISTEN on channel and reads notifications, as a relay
+// would, so producers pay for signalling a listener too.
+func (b *bench) listener(ctx context.Context, channel string) (stop func(), err error) {
+	conn, err := pgx.Connect(ctx, b.cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect listener: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+ident(channel)); err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := conn.WaitForNotification(lctx); err != nil {
+				return
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		conn.Close(context.WithoutCancel(ctx))
+	}, nil
+}
+
+// producerPool is sized for the largest number of concurrent producers.
+func (b *bench) producerPool(ctx context.Context) (*pgxpool.Pool, error) {
+	return openPool(ctx, b.cfg.DatabaseURL, 17, nil)
+}
+
+func (b *bench) notifySection(ctx context.Context, rep *report) error {
+	cfg, drop, err := b.schema(ctx, "notify")
+	if err != nil {
+		return err
+	}
+	defer drop()
+	pool, err := b.producerPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	stop, err := b.listener(ctx, cfg.NotifyChannel)
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	inline, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
+	if err != nil {
+		return err
+	}
+	bare, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg, DisableNotify: true})
+	if err != nil {
+		return err
+	}
+	fn := ident(cfg.Schema, "bench_notify")
+	trigger := `CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify(TG_ARGV[0], ''); RETURN NULL; END $$;
+CREATE TRIGGER bench_notify AFTER INSERT ON ` + outboxTable(cfg) + `
+FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `('` + cfg.NotifyChannel + `')`
+	variants := []struct {
+		name  string
+		w     *outbox.Writer
+		setup string
+	}{
+		{"no NOTIFY (baseline)", bare, ""},
+		{"NOTIFY in the insert statement (current)", inline, ""},
+		{"statement-level AFTER INSERT trigger", bare, trigger},
+	}
+	for _, v := range variants {
+		if v.setup != "" {
+			if _, err := b.pool.Exec(ctx, v.setup); err != nil {
+				return fmt.Errorf("create notify trigger: %w", err)
+			}
+		}
+		for _, n := range []int{1, 16} {
+			b.settle(ctx)
+			row, err := b.produce(ctx, pool, n, v.name, func(ctx context.Context, tx pgx.Tx, i int64) error {
+				return v.w.Write(ctx, tx, outbox.Message{AggregateID: aggregateID(i, b.cfg.Aggregates), Type: "bench.event", Payload: []byte(`{"n":1}`)})
+			})
+			if err != nil {
+				return err
+			}
+			rep.Notify = append(rep.Notify, row)
+		}
+	}
+	return nil
+}
+
+// produce runs transactions made of body for the configured time.
+func (b *bench) produce(ctx context.Context, pool *pgxpool.Pool, n int, name string, body func(context.Context, pgx.Tx, int64) error) (producerRow, error) {
+	count, mean, err := closedLoop(ctx, n, b.cfg.ProducerRun, func(ctx context.Context, i int64) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return body(ctx, tx, i) })
+	})
+	if err != nil {
+		return producerRow{}, fmt.Errorf("%s with %d producers: %w", name, n, err)
+	}
+	row := producerRow{Name: name, Producers: n, TxPerSec: float64(count) / b.cfg.ProducerRun.Seconds(), MeanTx: mean}
+	b.log.Info("produced", "variant", name, "producers", n, "tx_per_sec", int(row.TxPerSec), "mean", mean)
+	return row, nil
+}
+
+func (b *bench) producerSection(ctx context.Context, rep *report) error {
+	if err := b.notifySection(ctx, rep); err != nil {
+		return err
+	}
+	cfg, drop, err := b.schema(ctx, "producer")
+	if err != nil {
+		return err
+	}
+	defer drop()
+	orders := ident(cfg.Schema, "orders")
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+orders+` (
+    id         BIGSERIAL PRIMARY KEY,
+    customer   UUID NOT NULL,
+    amount     NUMERIC(12,2) NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("create business table: %w", err)
+	}
+	pool, err := b.producerPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	stop, err := b.listener(ctx, cfg.NotifyChannel)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	w, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
+	if err != nil {
+		return err
+	}
+	insert := `INSERT INTO ` + orders + ` (customer, amount) VALUES ($1, $2)`
+	business := func(ctx context.Context, tx pgx.Tx, i int64) error {
+		_, err := tx.Exec(ctx, insert, aggregateID(i, b.cfg.Aggregates), 42.5)
+		return err
+	}
+	withEvent := func(ctx context.Context, tx pgx.Tx, i int64) error {
+		if err := business(ctx, tx, i); err != nil {
+			return err
+		}
+		return w.Write(ctx, tx, outbox.Message{AggregateID: aggregateID(i, b.cfg.Aggregates), Type: "order.placed",
+			Payload: []byte(`{"amount":"42.50"}`)})
+	}
+	for _, n := range []int{1, 16} {
+		for _, v := range []struct {
+			name string
+			body func(context.Context, pgx.Tx, int64) error
+		}{{"without event", business}, {"with event", withEvent}} {
+			b.settle(ctx)
+			row, err := b.produce(ctx, pool, n, v.name, v.body)
+			if err != nil {
+				return err
+			}
+			rep.Producer = append(rep.Producer, row)
+		}
+	}
+	return nil
+}
