@@ -42,13 +42,17 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("parse %s: %v", EnvURL, err)
 	}
 	cfg.MaxConns = 20
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	// The pool keeps the context it is created with; bound only the ping.
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("connect to test database: %v", err)
 	}
 	t.Cleanup(pool.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
 	return pool
 }
 
