@@ -159,6 +159,15 @@ func (o *outcomes) counts() (ok, errs, panics int) {
 	return o.ok, len(o.errs), o.panics
 }
 
+// waitAcked waits for n acked deliveries and fails on more.
+func waitAcked(t *testing.T, o *outcomes, n int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d acked deliveries", n), func() bool { ok, _, _ := o.counts(); return ok >= n })
+	if ok, _, _ := o.counts(); ok != n {
+		t.Fatalf("acked deliveries = %d, want %d", ok, n)
+	}
+}
+
 func (o *outcomes) errors() []error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
