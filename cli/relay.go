@@ -31,6 +31,10 @@ func relayCmd() *cobra.Command {
 // background work that ends with ctx.
 var relayHooks []func(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
 
+// publisherWraps decorate the broker's publisher (tracing) before the hooks
+// and the relay see it, in order. The broker's own Close still runs once.
+var publisherWraps []func(e *env, pub core.Publisher) (core.Publisher, error)
+
 func (e *env) runRelay(ctx context.Context) error {
 	pool, err := e.openPool(ctx, "outbox-relay")
 	if err != nil {
@@ -51,6 +55,11 @@ func (e *env) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer pub.Close()
+	for _, wrap := range publisherWraps {
+		if pub, err = wrap(e, pub); err != nil {
+			return err
+		}
+	}
 
 	var relay *core.Relay
 	var observers multiObserver
