@@ -1,0 +1,282 @@
+package amqp_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/amqp"
+	"github.com/outboxhq/outbox/brokers/brokertest"
+	"github.com/outboxhq/outbox/core"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Watermill's connection watcher waits forever for a reconnect when
+		// the publisher is closed while the broker is unreachable.
+		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp.(*ConnectionWrapper).handleConnectionClose"),
+	)
+}
+
+// dropSignal is a log handler that reports when Watermill has seen the
+// connection drop. Watermill swaps its connection state without a lock when
+// that happens; waiting for its log line orders the test's next publish after
+// the swap, so the race detector watches our code, not that known race.
+type dropSignal struct {
+	slog.Handler
+	dropped chan struct{}
+}
+
+func newDropSignal() *dropSignal {
+	return &dropSignal{Handler: slog.DiscardHandler, dropped: make(chan struct{}, 1)}
+}
+
+func (d *dropSignal) Enabled(context.Context, slog.Level) bool { return true }
+
+func (d *dropSignal) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "Received close notification") {
+		select {
+		case d.dropped <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// rabbitURL is the test server's URL; tests skip without one, and fail
+// without one under CI.
+func rabbitURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv("OUTBOX_TEST_AMQP_URL")
+	if u == "" || u == "none" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("OUTBOX_TEST_AMQP_URL is not set")
+		}
+		t.Skip("OUTBOX_TEST_AMQP_URL is not set (scripts/services.sh sets it)")
+	}
+	return u
+}
+
+// viaProxy returns the URL rewritten to go through a proxy the test can cut.
+func viaProxy(t testing.TB, raw string) (string, *brokertest.Proxy) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := brokertest.NewProxy(t, u.Host)
+	u.Host = p.Addr()
+	return u.String(), p
+}
+
+// read consumes n messages from the queue named topic.
+func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
+	t.Helper()
+	conn, err := amqp091.Dial(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume %s: %v", queue, err)
+	}
+	timeout := time.After(20 * time.Second)
+	var got []brokertest.Message
+	for len(got) < n {
+		select {
+		case d := <-deliveries:
+			h := map[string]string{}
+			for k, v := range d.Headers {
+				h[k], _ = v.(string)
+			}
+			if d.DeliveryMode != amqp091.Persistent {
+				t.Errorf("delivery mode %d, want persistent", d.DeliveryMode)
+			}
+			if d.MessageId != h[core.HeaderEventUID] {
+				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventUID])
+			}
+			got = append(got, brokertest.Message{Headers: h, Body: d.Body})
+		case <-timeout:
+			t.Fatalf("queue %s: %d messages, want %d", queue, len(got), n)
+		}
+	}
+	return got
+}
+
+func TestConformance(t *testing.T) {
+	raw := rabbitURL(t)
+	var (
+		proxy *brokertest.Proxy
+		drop  *dropSignal
+	)
+	brokertest.Run(t, brokertest.Harness{
+		Open: func(t *testing.T, r *brokers.Routing, _ []string) core.Publisher {
+			var u string
+			u, proxy = viaProxy(t, raw)
+			drop = newDropSignal()
+			pub, err := amqp.New(t.Context(), amqp.Settings{URL: u, Channels: 8}, r, slog.New(drop))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pub
+		},
+		Read: func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, raw, topic, n) },
+		Stop: func(t *testing.T, _ core.Publisher) {
+			proxy.Cut()
+			select {
+			case <-drop.dropped:
+			case <-time.After(10 * time.Second):
+				t.Fatal("publisher did not notice the connection drop")
+			}
+		},
+		NoKey:   true, // AMQP has no message key: the routing key is the topic
+		Timeout: 20 * time.Second,
+	})
+}
+
+func TestFixedExchange(t *testing.T) {
+	raw := rabbitURL(t)
+	pub, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	topic := "fixed" + strings.ReplaceAll(t.Name(), "/", "-")
+	e := &core.Event{ID: 3, UID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
+	r := &brokers.Routing{Fixed: topic}
+	p2, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	if err := p2.Publish(t.Context(), e); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventID] != "3" {
+		t.Errorf("got %+v", got[0])
+	}
+}
+
+func TestPermanentErrors(t *testing.T) {
+	raw := rabbitURL(t)
+	conn, err := amqp091.Dial(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An exchange already declared with other arguments than ours.
+	clash := "clash-" + time.Now().Format("150405.000000")
+	if err := ch.ExchangeDeclare(clash, "fanout", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{Fixed: clash}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	e := &core.Event{ID: 1, UID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+	if err := pub.Publish(t.Context(), e); !core.IsPermanent(err) {
+		t.Errorf("publish to an exchange declared differently: %v, want a permanent error", err)
+	}
+
+	// Passive: the exchange does not exist.
+	passive, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Passive: true}, &brokers.Routing{Fixed: "missing-" + clash}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer passive.Close()
+	if err := passive.Publish(t.Context(), e); !core.IsPermanent(err) {
+		t.Errorf("passive publish to a missing exchange: %v, want a permanent error", err)
+	}
+	// The publisher recovers its channel and goes on after such errors.
+	good := &core.Event{ID: 2, UID: "u2", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+	if err := pub.Publish(t.Context(), &core.Event{ID: 2, UID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
+		t.Errorf("second publish to the clashing exchange: %v", err)
+	}
+	ok, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ok.Close()
+	if err := ok.Publish(t.Context(), good); err != nil {
+		t.Errorf("publish to a fresh topic: %v", err)
+	}
+}
+
+func TestCredentialsNotLeaked(t *testing.T) {
+	raw := rabbitURL(t)
+	u, _ := url.Parse(raw)
+	const secret = "not-the-password-7Hq"
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	for _, s := range []amqp.Settings{
+		{URL: raw, User: "guest", Password: secret},
+		{URL: "amqp://guest:" + secret + "@" + u.Host + "/"},
+		{URL: "amqp://guest:" + secret + "@127.0.0.1:1/"}, // nothing listens
+	} {
+		_, err := amqp.New(t.Context(), s, nil, log)
+		if err == nil {
+			t.Fatal("connect with a wrong password succeeded")
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("error shows the password: %v", err)
+		}
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("log shows the password:\n%s", logs.String())
+	}
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		s    amqp.Settings
+		want string
+	}{
+		{amqp.Settings{}, "amqp: url is empty"},
+		{amqp.Settings{URL: "http://h:5672/"}, "amqp: url: scheme"},
+		{amqp.Settings{URL: "amqp:///"}, "amqp: url has no host"},
+		{amqp.Settings{URL: "amqp://h/", Password: "x"}, "amqp: password is set but user is empty"},
+		{amqp.Settings{URL: "amqp://h/", ExchangeType: "x-delayed"}, "amqp: exchange_type"},
+		{amqp.Settings{URL: "amqp://h/", Channels: -1}, "amqp: channels"},
+		{amqp.Settings{URL: "amqp://u:pw-9x@h/%zz"}, "amqp: url is not a valid URL"},
+	}
+	for _, c := range cases {
+		err := c.s.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", c.s, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "pw-9x") {
+			t.Errorf("error shows the password: %v", err)
+		}
+	}
+}
+
+func TestRegistered(t *testing.T) {
+	raw := rabbitURL(t)
+	cfg := brokers.DecoderFunc(func(v any) error {
+		*(v.(*amqp.Settings)) = amqp.Settings{URL: raw, Channels: 2}
+		return nil
+	})
+	pub, err := brokers.Open(t.Context(), "amqp", brokers.Params{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Close()
+}
