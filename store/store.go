@@ -41,8 +41,10 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	cols := "o.id, o.uid::text, o.aggregate_id::text, o.type, o.payload, o.headers, o.created_at, o.attempts"
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
-	// retry, then keeps a candidate only when no earlier pending event of
-	// its aggregate is outside this claim (held by another relay).
+	// retry. Then every pending event before the last candidate that the
+	// claim did not get (locked by another relay, or of a held aggregate)
+	// blocks its aggregate from that event on. One range scan does it, so
+	// the cost stays linear in the batch however hot an aggregate is.
 	ordered := `
 WITH held AS (
     SELECT DISTINCT aggregate_id FROM ` + n.Outbox + `
@@ -55,14 +57,18 @@ WITH held AS (
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), blocked AS (
+    SELECT o.aggregate_id, min(o.id) AS from_id
+    FROM ` + n.Outbox + ` o
+    WHERE o.dispatched_at IS NULL AND o.parked_at IS NULL
+      AND o.id < (SELECT max(id) FROM cand)
+      AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.id = o.id)
+    GROUP BY o.aggregate_id
 )
 SELECT ` + cols + `
 FROM cand c JOIN ` + n.Outbox + ` o ON o.id = c.id
 WHERE NOT EXISTS (
-    SELECT 1 FROM ` + n.Outbox + ` p
-    WHERE p.aggregate_id = c.aggregate_id AND p.id < c.id
-      AND p.dispatched_at IS NULL AND p.parked_at IS NULL
-      AND p.id NOT IN (SELECT id FROM cand)
+    SELECT 1 FROM blocked b WHERE b.aggregate_id = c.aggregate_id AND b.from_id < c.id
 )
 ORDER BY o.id`
 	unordered := `
