@@ -182,8 +182,10 @@ func (d *Deduper) Process(ctx context.Context, eventID string, fn func(ctx conte
 // run processes in one transaction; record=false skips the dedupe row.
 func (d *Deduper) run(ctx context.Context, eventID string, record bool, fn func(ctx context.Context, tx pgx.Tx) error) (applied bool, err error) {
 	if tx, ok := d.active(ctx, eventID); ok {
-		// Nested inside this Deduper's own transaction: already recorded.
-		return true, fn(ctx, tx)
+		// Nested inside this Deduper's own transaction: already recorded,
+		// and committed or rolled back by the outer call.
+		err := fn(ctx, tx)
+		return err == nil, err
 	}
 	// Read committed, whatever the server's default: the insert must wait
 	// for a concurrent duplicate and then see its outcome, where stricter
