@@ -6,7 +6,9 @@ import (
 	"context"
 	"os"
 
+	_ "github.com/outboxhq/outbox/brokers/amqp"
 	_ "github.com/outboxhq/outbox/brokers/gochannel"
+	_ "github.com/outboxhq/outbox/brokers/kafka"
 	_ "github.com/outboxhq/outbox/brokers/stdout"
 	"github.com/outboxhq/outbox/cli"
 )
