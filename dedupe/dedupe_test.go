@@ -282,3 +282,64 @@ func TestCleanup(t *testing.T) {
 		t.Error("a retained event ran again")
 	}
 }
+
+func TestProcessUsesConfiguredTable(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	ctx := context.Background()
+	custom := store.Config{Schema: cfg.Schema, Table: "orders outbox", ProcessedTable: "Inbox"}
+	if _, err := store.Migrate(ctx, pool, custom); err != nil {
+		t.Fatal(err)
+	}
+	d, err := dedupe.New(pool, dedupe.Options{Consumer: "billing", Store: custom})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Process(ctx, uuid.NewString(), func(context.Context, pgx.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var inCustom, inDefault int
+	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{cfg.Schema, "Inbox"}.Sanitize()+`),
+       (SELECT count(*) FROM `+pgx.Identifier{cfg.Schema, "processed_events"}.Sanitize()+`)`).Scan(&inCustom, &inDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inCustom != 1 || inDefault != 0 {
+		t.Errorf("rows in the configured table %d, in the default one %d; want 1 and 0", inCustom, inDefault)
+	}
+}
+
+// The cost the record adds to a handler's transaction, per event.
+func BenchmarkProcess(b *testing.B) {
+	pool, cfg := pgtest.Schema(b)
+	ctx := context.Background()
+	d, err := dedupe.New(pool, dedupe.Options{Consumer: "bench", Store: cfg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	nop := func(context.Context, pgx.Tx) error { return nil }
+	b.Run("new", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := d.Process(ctx, uuid.NewString(), nop); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("duplicate", func(b *testing.B) {
+		id := uuid.NewString()
+		if _, err := d.Process(ctx, id, nop); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if applied, err := d.Process(ctx, id, nop); err != nil || applied {
+				b.Fatalf("applied %v, err %v", applied, err)
+			}
+		}
+	})
+	b.Run("transaction only", func(b *testing.B) {
+		for b.Loop() {
+			if err := pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
