@@ -1,0 +1,498 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/storetest"
+	"github.com/outboxhq/outbox/internal/pgtest"
+	"github.com/outboxhq/outbox/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type harness struct{}
+
+func (harness) Open(t *testing.T) storetest.Instance {
+	pool, cfg := pgtest.Schema(t)
+	return newInstance(t, pool, cfg)
+}
+
+type instance struct {
+	pool *pgxpool.Pool
+	cfg  store.Config
+	s    *store.Store
+	w    *outbox.Writer
+}
+
+func newInstance(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *instance {
+	t.Helper()
+	s, err := store.New(pool, cfg, nil)
+	if err != nil {
+		t.Fatalf("new store: %v", err)
+	}
+	w, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
+	if err != nil {
+		t.Fatalf("new writer: %v", err)
+	}
+	return &instance{pool: pool, cfg: s.Config(), s: s, w: w}
+}
+
+func (in *instance) Store() core.Store { return in.s }
+
+func (in *instance) table() string { return pgx.Identifier{in.cfg.Schema, in.cfg.Table}.Sanitize() }
+
+func (in *instance) Produce(ctx context.Context, events []core.Event, commit bool) error {
+	tx, err := in.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	msgs := make([]outbox.Message, len(events))
+	for i, e := range events {
+		msgs[i] = outbox.Message{AggregateID: e.AggregateID, Type: e.Type, Payload: e.Payload, Headers: e.Headers, UID: e.UID}
+	}
+	if err := in.w.Write(ctx, tx, msgs...); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback(ctx)
+	}
+	return tx.Commit(ctx)
+}
+
+func (in *instance) Pending(ctx context.Context) ([]int64, error) {
+	rows, err := in.pool.Query(ctx, "SELECT id FROM "+in.table()+" WHERE dispatched_at IS NULL ORDER BY id")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// Crash terminates every session holding a lock on the outbox table: the
+// open claims.
+func (in *instance) Crash(ctx context.Context, t *testing.T) {
+	t.Helper()
+	var n int
+	err := in.pool.QueryRow(ctx, `
+SELECT count(pg_terminate_backend(pid)) FROM (
+    SELECT DISTINCT l.pid FROM pg_locks l
+    WHERE l.relation = $1::regclass AND l.pid <> pg_backend_pid()
+) AS holders`, in.table()).Scan(&n)
+	if err != nil {
+		t.Fatalf("terminate claim sessions: %v", err)
+	}
+	if n == 0 {
+		t.Fatal("no session held a claim to terminate")
+	}
+	// Termination is asynchronous; wait until the locks are gone.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var holders int
+		err := in.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND pid <> pg_backend_pid()`, in.table()).Scan(&holders)
+		if err != nil {
+			t.Fatalf("count lock holders: %v", err)
+		}
+		if holders == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions still hold locks after termination", holders)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, harness{}) }
+
+// A claim holds a transaction; when the relay's connection dies during the
+// claim the events are claimable again at once.
+func TestKilledClaimIsReclaimable(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	agg := "00000000-0000-4000-8000-000000000001"
+	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	if err != nil || len(c.Events()) != 1 {
+		t.Fatalf("claim: %v, %d events", err, len(c.Events()))
+	}
+	blocked, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	if err != nil || len(blocked.Events()) != 0 {
+		t.Fatalf("second claim while the first is open: %v, %d events", err, len(blocked.Events()))
+	}
+	in.Crash(ctx, t)
+	again, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	if err != nil {
+		t.Fatalf("claim after the kill: %v", err)
+	}
+	if len(again.Events()) != 1 || again.Events()[0].ID != c.Events()[0].ID {
+		t.Fatalf("after the kill claimed %d events, want the killed claim's event", len(again.Events()))
+	}
+	if err := again.Complete(ctx, []int64{again.Events()[0].ID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx); err == nil {
+		t.Log("release of the killed claim reported no error")
+	}
+}
+
+func TestFailureRecorded(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	agg := "00000000-0000-4000-8000-000000000001"
+	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", 3000) // 6000 bytes: cut to the limit on a rune boundary
+	if err := c.Complete(ctx, nil, []core.Failure{{ID: c.Events()[0].ID, Reason: long}}); err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	var (
+		attempts int
+		reason   string
+		infinite bool
+	)
+	err = pool.QueryRow(ctx, "SELECT attempts, last_error, retry_at = 'infinity' FROM "+in.table()).Scan(&attempts, &reason, &infinite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 1 || !infinite || len(reason) == 0 || len(reason) > 2000 || !strings.HasPrefix(long, reason) {
+		t.Fatalf("recorded attempts=%d held=%v reason of %d bytes", attempts, infinite, len(reason))
+	}
+}
+
+func TestPayloadAndHeadersRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	payload := []byte("{ \"z\" : 1,\n  \"a\":[1.50, \"\\u00e9\", null] ,\"z\":2 }")
+	headers := map[string]string{"traceparent": "00-abc-def-01", "tenant": "ünï"}
+	agg := "00000000-0000-4000-8000-000000000001"
+	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: payload, Headers: headers}}, true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	e := c.Events()[0]
+	if string(e.Payload) != string(payload) {
+		t.Fatalf("payload came back as %q, want the exact bytes %q", e.Payload, payload)
+	}
+	if len(e.Headers) != 2 || e.Headers["traceparent"] != headers["traceparent"] || e.Headers["tenant"] != headers["tenant"] {
+		t.Fatalf("headers came back as %v, want %v", e.Headers, headers)
+	}
+	if e.AggregateID != agg || e.UID == "" {
+		t.Fatalf("aggregate %q uid %q", e.AggregateID, e.UID)
+	}
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	cfg := store.Config{Schema: fmt.Sprintf("migrate_%d", time.Now().UnixNano())}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
+	})
+	errs := make(chan error, 4)
+	applied := make(chan []int, 4)
+	for range 4 {
+		go func() {
+			v, err := store.Migrate(ctx, pool, cfg)
+			errs <- err
+			applied <- v
+		}()
+	}
+	total := 0
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent migrate: %v", err)
+		}
+		total += len(<-applied)
+	}
+	migs, err := store.Migrations(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != len(migs) {
+		t.Fatalf("concurrent migrations applied %d versions in total, want each of %d once", total, len(migs))
+	}
+	v, err := store.Migrate(ctx, pool, cfg)
+	if err != nil || len(v) != 0 {
+		t.Fatalf("second migrate applied %v, %v; want nothing", v, err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, tc := range []struct {
+		cfg   store.Config
+		field string
+	}{
+		{store.Config{Table: strings.Repeat("t", 48)}, "table"},
+		{store.Config{Schema: "a\x00b"}, "schema"},
+		{store.Config{ProcessedTable: "\xff"}, "processed_table"},
+		{store.Config{NotifyChannel: strings.Repeat("c", 64)}, "notify_channel"},
+		{store.Config{Table: "same", ProcessedTable: "same"}, "processed_table"},
+	} {
+		_, err := tc.cfg.WithDefaults()
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("config %+v: error %v, want one naming %s", tc.cfg, err, tc.field)
+		}
+	}
+	cfg, err := store.Config{}.WithDefaults()
+	if err != nil || cfg.Schema != "public" || cfg.Table != "events_outbox" || cfg.NotifyChannel != "events_outbox" {
+		t.Fatalf("defaults: %+v, %v", cfg, err)
+	}
+}
+
+// Names from configuration reach SQL only quoted: a hostile table name
+// works as a name, and nothing else in the database is touched.
+func TestHostileNames(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	victim := pgx.Identifier{"v" + suffix}.Sanitize()
+	cfg := store.Config{
+		Schema:         `s "; DROP TABLE ` + victim + `; --` + suffix,
+		Table:          `evil"; DROP TABLE x; --`,
+		ProcessedTable: `it's; DELETE FROM ` + victim + ` --`,
+		NotifyChannel:  `ch"; NOTIFY x; --`,
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+victim+" (v int); INSERT INTO "+victim+" VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+victim)
+		pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
+	})
+	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	in := newInstance(t, pool, cfg)
+	agg := "00000000-0000-4000-8000-000000000001"
+	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if len(c.Events()) != 1 {
+		t.Fatalf("claimed %d events, want 1", len(c.Events()))
+	}
+	if err := c.Complete(ctx, []int64{c.Events()[0].ID}, nil); err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+victim).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the unrelated table was harmed: count %d, %v", n, err)
+	}
+	var tables int
+	err = pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1", cfg.Schema).Scan(&tables)
+	if err != nil || tables != 3 {
+		t.Fatalf("schema %q has %d tables (%v), want outbox, processed and migrations", cfg.Schema, tables, err)
+	}
+	p, err := in.Pending(ctx)
+	if err != nil || len(p) != 0 {
+		t.Fatalf("pending after complete: %v, %v", p, err)
+	}
+}
+
+// recordingPublisher signals each publish.
+type recordingPublisher struct{ got chan string }
+
+func (p *recordingPublisher) Publish(ctx context.Context, e *core.Event) error {
+	select {
+	case p.got <- e.UID:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *recordingPublisher) Close() error { return nil }
+
+// claimCounter is a core.Observer counting the relay's claims.
+type claimCounter struct{ n atomic.Int64 }
+
+func (c *claimCounter) Claimed(int, time.Duration)                  { c.n.Add(1) }
+func (c *claimCounter) Published(*core.Event, time.Duration, error) {}
+func (c *claimCounter) Completed(int, int, time.Duration)           {}
+func (c *claimCounter) Errored(string, error)                       {}
+
+// startRelay runs a relay whose poll interval is far longer than the test,
+// so only a wake-up can make it claim again.
+func startRelay(t *testing.T, s *store.Store) (*recordingPublisher, *claimCounter) {
+	t.Helper()
+	pub := &recordingPublisher{got: make(chan string, 100)}
+	obs := &claimCounter{}
+	r, err := core.New(s, pub, core.Options{PollInterval: time.Hour, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	return pub, obs
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// writeAndAwait commits one event and waits for the relay to publish it.
+func writeAndAwait(t *testing.T, in *instance, pub *recordingPublisher, within time.Duration) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	ev := core.Event{UID: uuid.NewString(), AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}
+	start := time.Now()
+	if err := in.Produce(ctx, []core.Event{ev}, true); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(within)
+	for {
+		select {
+		case uid := <-pub.got:
+			if uid == ev.UID {
+				return time.Since(start)
+			}
+		case <-timeout:
+			t.Fatalf("a committed write did not wake the relay within %v", within)
+		}
+	}
+}
+
+func listenerPIDs(t *testing.T, pool *pgxpool.Pool, channel string) []int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query = $1`, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pids
+}
+
+// awaitListening waits for a listener session other than old, and for the
+// claims that its connect-time wake-up and the relay's start cause: after
+// that, only a notification can make the relay claim.
+func awaitListening(t *testing.T, pool *pgxpool.Pool, channel string, obs *claimCounter, old []int) []int {
+	t.Helper()
+	before := obs.n.Load()
+	var pids []int
+	waitFor(t, "a listener session", func() bool {
+		pids = listenerPIDs(t, pool, channel)
+		return len(pids) == 1 && !slices.Contains(old, pids[0])
+	})
+	want := before + 1
+	if old == nil {
+		want = 2 // the first cycle and the one the listener's wake-up starts
+	}
+	waitFor(t, "the wake-up of a new listener", func() bool { return obs.n.Load() >= want })
+	return pids
+}
+
+// The Writer's NOTIFY wakes a relay sleeping out an hour-long poll.
+func TestWriteWakesRelay(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	cfg.NotifyChannel = "wake_" + cfg.Schema // not shared with other tests
+	in := newInstance(t, pool, cfg)
+	pub, obs := startRelay(t, in.s)
+	awaitListening(t, pool, cfg.NotifyChannel, obs, nil)
+	d := writeAndAwait(t, in, pub, 5*time.Second)
+	t.Logf("commit to publish: %v", d)
+
+	// With notifications off, the same write waits for the poll.
+	quiet, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg, DisableNotify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := obs.n.Load()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := outbox.Message{AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}
+	if err := quiet.Write(context.Background(), tx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// A notifying write after it: once that one is published, the quiet
+	// one's notification would have arrived first had there been one.
+	writeAndAwait(t, in, pub, 5*time.Second)
+	if got := obs.n.Load() - claims; got != 1 {
+		t.Fatalf("%d claims after two writes, want 1: the write with DisableNotify woke the relay", got)
+	}
+}
+
+// After the listener's connection is killed, Listen reconnects and a new
+// commit still wakes the relay.
+func TestListenReconnectsAfterKill(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	cfg.NotifyChannel = "wake_" + cfg.Schema
+	in := newInstance(t, pool, cfg)
+	pub, obs := startRelay(t, in.s)
+	old := awaitListening(t, pool, cfg.NotifyChannel, obs, nil)
+	writeAndAwait(t, in, pub, 5*time.Second)
+
+	if _, err := pool.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", old); err != nil {
+		t.Fatal(err)
+	}
+	awaitListening(t, pool, cfg.NotifyChannel, obs, old)
+	d := writeAndAwait(t, in, pub, 5*time.Second)
+	t.Logf("commit to publish after the listener was killed: %v", d)
+}
+
+func TestPing(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	s, err := store.New(pool, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	pool.Close()
+	if err := s.Ping(context.Background()); err == nil || !errors.Is(err, err) {
+		t.Fatal("ping on a closed pool succeeded")
+	}
+}
