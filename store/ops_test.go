@@ -3,6 +3,10 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -386,5 +390,176 @@ func TestReplaySelectors(t *testing.T) {
 	s, _ := st.Status(ctx, store.StatusOptions{})
 	if s.Pending != 3 || s.Parked != 1 {
 		t.Errorf("after replay: pending %d, parked %d; want 3 and 1", s.Pending, s.Parked)
+	}
+}
+
+// TestRetentionAtScale measures cleanup on a large table and the claim
+// latency of a relay meanwhile. It runs only when OUTBOX_SCALE_ROWS is
+// set (for example 3000000); docs/operations.md reports its figures.
+func TestRetentionAtScale(t *testing.T) {
+	rows, _ := strconv.Atoi(os.Getenv("OUTBOX_SCALE_ROWS"))
+	if rows <= 0 {
+		t.Skip("set OUTBOX_SCALE_ROWS to run")
+	}
+	pool, cfg, st := opsStore(t)
+	ctx := context.Background()
+	table := pgx.Identifier{cfg.Schema, "events_outbox"}.Sanitize()
+	start := time.Now()
+	// Dispatched events spread evenly over the last 14 days, so about half
+	// are past the 7-day window, then 20,000 pending ones.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at)
+SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x","amount_cents":1234}',
+       now() - make_interval(secs => ($1 - i) * 1209600.0 / $1),
+       now() - make_interval(secs => ($1 - i) * 1209600.0 / $1) + interval '50 milliseconds'
+FROM generate_series(1, $1) AS i`, rows); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload)
+SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{}' FROM generate_series(1, 20000)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("filled %d rows in %s", rows+20000, time.Since(start).Round(time.Second))
+
+	// claims claims 100 events and releases them, as often as it can,
+	// until stop; it returns each claim's latency.
+	claims := func(stop <-chan struct{}) []time.Duration {
+		var lat []time.Duration
+		for {
+			select {
+			case <-stop:
+				return lat
+			default:
+			}
+			t0 := time.Now()
+			c, err := st.Claim(ctx, core.ClaimRequest{Limit: 100})
+			if err != nil {
+				t.Error(err)
+				return lat
+			}
+			lat = append(lat, time.Since(t0))
+			_ = c.Release(ctx)
+		}
+	}
+	measure := func(d time.Duration) []time.Duration {
+		stop := make(chan struct{})
+		time.AfterFunc(d, func() { close(stop) })
+		return claims(stop)
+	}
+	base := measure(10 * time.Second)
+	t.Logf("claim latency, idle: %s", summary(base))
+
+	stop := make(chan struct{})
+	during := make(chan []time.Duration)
+	go func() { during <- claims(stop) }()
+	res, err := st.Cleanup(ctx, store.CleanupOptions{})
+	close(stop)
+	lat := <-during
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cleanup deleted %d rows in %d batches in %s (%.0f rows/s)", res.Outbox, res.Batches,
+		res.Elapsed.Round(time.Millisecond), float64(res.Outbox)/res.Elapsed.Seconds())
+	t.Logf("claim latency, during cleanup: %s", summary(lat))
+	after := measure(10 * time.Second)
+	t.Logf("claim latency, after cleanup: %s", summary(after))
+
+	// The same delete batch without the retention index, for comparison.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at)
+SELECT gen_random_uuid(), gen_random_uuid(), 't', '{}', now() - interval '10 days', now() - interval '10 days'
+FROM generate_series(1, 50000)`); err != nil {
+		t.Fatal(err)
+	}
+	var idx string
+	if err := pool.QueryRow(ctx, `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(dispatched_at)%'`, cfg.Schema).Scan(&idx); err != nil {
+		t.Fatal(err)
+	}
+	for _, withIndex := range []bool{true, false} {
+		if !withIndex {
+			if _, err := pool.Exec(ctx, "DROP INDEX "+pgx.Identifier{cfg.Schema, idx}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t0 := time.Now()
+		r, err := st.Cleanup(ctx, store.CleanupOptions{BatchSize: 5000, Progress: func(p store.CleanupProgress) {}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = r
+		t.Logf("index=%v: one cleanup run of %d rows took %s", withIndex, r.Outbox, time.Since(t0).Round(time.Millisecond))
+		if withIndex {
+			if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at)
+SELECT gen_random_uuid(), gen_random_uuid(), 't', '{}', now() - interval '10 days', now() - interval '10 days'
+FROM generate_series(1, 50000)`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func summary(lat []time.Duration) string {
+	if len(lat) == 0 {
+		return "no samples"
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	q := func(p float64) time.Duration {
+		return s[min(int(p*float64(len(s))), len(s)-1)].Round(10 * time.Microsecond)
+	}
+	return fmt.Sprintf("n=%d p50=%s p90=%s p99=%s max=%s", len(s), q(.5), q(.9), q(.99), s[len(s)-1].Round(10*time.Microsecond))
+}
+
+// TestRetentionIndexCost measures what the retention index of migration
+// 0002 costs producers (inserts) and the relay (marking dispatched). It
+// runs only when OUTBOX_SCALE_ROWS is set.
+func TestRetentionIndexCost(t *testing.T) {
+	if os.Getenv("OUTBOX_SCALE_ROWS") == "" {
+		t.Skip("set OUTBOX_SCALE_ROWS to run")
+	}
+	ctx := context.Background()
+	run := func(withIndex bool) (insert, mark time.Duration) {
+		pool, cfg, _ := opsStore(t)
+		table := pgx.Identifier{cfg.Schema, "events_outbox"}.Sanitize()
+		if !withIndex {
+			var idx string
+			if err := pool.QueryRow(ctx, `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(dispatched_at)%'`, cfg.Schema).Scan(&idx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, "DROP INDEX "+pgx.Identifier{cfg.Schema, idx}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		const batches, size = 300, 100
+		for range batches {
+			t0 := time.Now()
+			var ids []int64
+			rows, err := pool.Query(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload)
+SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x"}' FROM generate_series(1, $1) RETURNING id`, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var id int64
+				_ = rows.Scan(&id)
+				ids = append(ids, id)
+			}
+			rows.Close()
+			insert += time.Since(t0)
+			t0 = time.Now()
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET dispatched_at = now(), retry_at = NULL WHERE id = ANY($1)`, ids); err != nil {
+				t.Fatal(err)
+			}
+			mark += time.Since(t0)
+		}
+		return insert / batches, mark / batches
+	}
+	for round := range 3 {
+		for _, with := range []bool{false, true} {
+			ins, mark := run(with)
+			t.Logf("round %d index=%v: insert of 100 events %s, mark of 100 events %s", round, with,
+				ins.Round(time.Microsecond), mark.Round(time.Microsecond))
+		}
 	}
 }
