@@ -1,0 +1,83 @@
+package chaos
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// servers reports whether this machine runs the test servers; the run
+// starts its own, but skips where `make test` would not have started any.
+func servers(t *testing.T) {
+	t.Helper()
+	if os.Getenv("OUTBOX_TEST_DATABASE_URL") == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("OUTBOX_TEST_DATABASE_URL is not set; run the tests with `make test`")
+		}
+		t.Skip("OUTBOX_TEST_DATABASE_URL is not set; `make test` starts the servers")
+	}
+	if testing.Short() {
+		t.Skip("fault run skipped in -short mode")
+	}
+}
+
+// The short fault run: a few thousand events, three relays, every fault
+// kind once, RabbitMQ.
+func TestFaultsRabbitMQ(t *testing.T) {
+	servers(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	runShort(t, "amqp")
+}
+
+// The same against Kafka (kfake), less the broker restart.
+func TestFaultsKafka(t *testing.T) {
+	servers(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	runShort(t, "kafka")
+}
+
+func runShort(t *testing.T, broker string) {
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{
+		Root: root, Broker: broker, Events: 3000, Relays: 3, ProduceFor: 20 * time.Second,
+		FaultGap: time.Second, Outage: 2 * time.Second, DrainTimeout: 90 * time.Second,
+		Dir:    t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Print(&b)
+	t.Logf("accounting:\n%s", b.String())
+	if err := rep.Err(); err != nil {
+		t.Error(err)
+	}
+	// The faults must have bitten, or the zeros above prove nothing.
+	if rep.Duplicates == 0 {
+		t.Error("no duplicates: the faults did not interrupt any relay mid-batch")
+	}
+	if rep.RelayExits == 0 || rep.FailedCycles == 0 {
+		t.Errorf("relay exits %d, failed cycles %d: the faults did not reach the relays", rep.RelayExits, rep.FailedCycles)
+	}
+	if rep.RolledBack == 0 {
+		t.Error("no transaction rolled back")
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
