@@ -19,3 +19,14 @@ build:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# Benchmarks against throwaway servers (see docs/benchmarks.md). `bench`
+# rewrites docs/benchmarks.md, its chart and figures; `bench-quick` runs
+# small sizes and only prints.
+bench:
+	$(GO) build -o bin/outbox-bench ./bench
+	$(SERVICES) bin/outbox-bench -out docs/benchmarks.md
+
+bench-quick:
+	$(GO) build -o bin/outbox-bench ./bench
+	$(SERVICES) bin/outbox-bench -quick

@@ -1,5 +1,235 @@
 package main
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
 
-func (b *bench) brokerSection(ctx context.Context, rep *report) error { return nil }
+	"cloud.google.com/go/pubsub"
+	"cloud.google.com/go/pubsub/pstest"
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/amqp"
+	"github.com/outboxhq/outbox/brokers/googlecloud"
+	"github.com/outboxhq/outbox/brokers/kafka"
+	"github.com/outboxhq/outbox/brokers/wm"
+	"github.com/outboxhq/outbox/core"
+)
+
+const benchTopic = "bench"
+
+// brokerCase is one broker: the relay's adapter for it and a Watermill
+// publisher set up the same way, to drive directly.
+type brokerCase struct {
+	name  string
+	note  string
+	setup func(ctx context.Context) (relay core.Publisher, direct message.Publisher, cleanup func(), err error)
+}
+
+func (b *bench) brokerSection(ctx context.Context, rep *report) error {
+	routing := &brokers.Routing{Fixed: benchTopic}
+	cases := []brokerCase{
+		{name: "Kafka (kfake, in process)", note: "acks=all, idempotent", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
+			kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("start kfake: %w", err)
+			}
+			addrs := kf.ListenAddrs()
+			relay, err := kafka.New(ctx, kafka.Settings{Brokers: addrs}, routing, b.log)
+			if err != nil {
+				kf.Close()
+				return nil, nil, nil, err
+			}
+			// The same producer settings the adapter uses.
+			sc := wmkafka.DefaultSaramaSyncPublisherConfig()
+			sc.Producer.RequiredAcks = sarama.WaitForAll
+			sc.Producer.Idempotent = true
+			sc.Net.MaxOpenRequests = 1
+			sc.Version = sarama.DefaultVersion
+			direct, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{Brokers: addrs, OverwriteSaramaConfig: sc,
+				Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+					return m.Metadata.Get(core.HeaderAggregateID), nil
+				})}, watermill.NopLogger{})
+			if err != nil {
+				relay.Close()
+				kf.Close()
+				return nil, nil, nil, fmt.Errorf("direct kafka publisher: %w", err)
+			}
+			return relay, direct, func() { relay.Close(); direct.Close(); kf.Close() }, nil
+		}},
+		{name: "RabbitMQ (confirms)", note: "publisher confirms, persistent, durable exchange with a bound queue", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
+			url := os.Getenv("OUTBOX_TEST_AMQP_URL")
+			if url == "" || url == "none" {
+				return nil, nil, nil, errNotMeasured("no RabbitMQ: OUTBOX_TEST_AMQP_URL is not set")
+			}
+			relay, err := amqp.New(ctx, amqp.Settings{URL: url}, routing, b.log)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			cfg := wmamqp.NewDurablePubSubConfig(url, wmamqp.GenerateQueueNameTopicName)
+			cfg.Publish.ConfirmDelivery = true
+			cfg.Publish.ChannelPoolSize = 16
+			cfg.Publish.GenerateRoutingKey = func(topic string) string { return topic }
+			cfg.Marshaler = wmamqp.DefaultMarshaler{PostprocessPublishing: func(p amqp091.Publishing) amqp091.Publishing { return p }}
+			direct, err := wmamqp.NewPublisher(cfg, watermill.NopLogger{})
+			if err != nil {
+				relay.Close()
+				return nil, nil, nil, fmt.Errorf("direct amqp publisher: %w", err)
+			}
+			return relay, direct, func() { relay.Close(); direct.Close() }, nil
+		}},
+		{name: "Pub/Sub (pstest, in process)", note: "message ordering on the aggregate id", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
+			srv := pstest.NewServer()
+			relay, err := googlecloud.New(ctx, googlecloud.Settings{ProjectID: "bench", EmulatorHost: srv.Addr, CreateTopics: true}, routing, b.log)
+			if err != nil {
+				srv.Close()
+				return nil, nil, nil, err
+			}
+			ps := pubsub.DefaultPublishSettings
+			ps.DelayThreshold, ps.CountThreshold = 50*time.Microsecond, 1 // the adapter's defaults
+			direct, err := wmgc.NewPublisher(wmgc.PublisherConfig{
+				ProjectID: "bench", EnableMessageOrdering: true, EnableMessageOrderingAutoResumePublishOnError: true,
+				PublishSettings: &ps,
+				ClientOptions: []option.ClientOption{option.WithEndpoint(srv.Addr), option.WithoutAuthentication(),
+					option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())), option.WithTelemetryDisabled()},
+				Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
+					return m.Metadata.Get(core.HeaderAggregateID), nil
+				}),
+			}, watermill.NopLogger{})
+			if err != nil {
+				relay.Close()
+				srv.Close()
+				return nil, nil, nil, fmt.Errorf("direct pubsub publisher: %w", err)
+			}
+			return relay, direct, func() { relay.Close(); direct.Close(); srv.Close() }, nil
+		}},
+	}
+	for _, c := range cases {
+		row, err := b.brokerRun(ctx, c)
+		if err != nil {
+			var nm errNotMeasured
+			if !asNotMeasured(err, &nm) {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			row = brokerRow{Broker: c.name, Note: string(nm)}
+			b.log.Warn("broker not measured", "broker", c.name, "reason", string(nm))
+		}
+		rep.Brokers = append(rep.Brokers, row)
+	}
+	return nil
+}
+
+type errNotMeasured string
+
+func (e errNotMeasured) Error() string { return string(e) }
+
+func asNotMeasured(err error, target *errNotMeasured) bool {
+	e, ok := err.(errNotMeasured)
+	if ok {
+		*target = e
+	}
+	return ok
+}
+
+func (b *bench) brokerRun(ctx context.Context, c brokerCase) (brokerRow, error) {
+	relayPub, direct, cleanup, err := c.setup(ctx)
+	if err != nil {
+		return brokerRow{}, err
+	}
+	defer cleanup()
+	n := b.cfg.BrokerEvents
+
+	cfg, drop, err := b.schema(ctx, "broker")
+	if err != nil {
+		return brokerRow{}, err
+	}
+	defer drop()
+	if err := b.fill(ctx, cfg, n); err != nil {
+		return brokerRow{}, err
+	}
+	b.settle(ctx)
+	res, err := b.relayDrainWith(ctx, c.name, cfg, n, b.relayOptions(false, nil), relayPub, b.cfg.DrainCap)
+	if err != nil {
+		return brokerRow{}, err
+	}
+
+	// The direct figure is the better of two ways to drive the publisher:
+	// as many single-message publishes in flight as the relay has lanes,
+	// and one caller sending batches of 100.
+	event := &core.Event{ID: 1, UID: watermill.NewUUID(), AggregateID: aggregateID(1, b.cfg.Aggregates), Type: "bench.event",
+		Payload: []byte(`{"n":1}`)}
+	parallel, err := driveDirect(ctx, direct, event, n, b.cfg.Lanes, 1, b.cfg.DrainCap, b.cfg.Aggregates)
+	if err != nil {
+		return brokerRow{}, fmt.Errorf("drive %s directly: %w", c.name, err)
+	}
+	batched, err := driveDirect(ctx, direct, event, n, 1, 100, b.cfg.DrainCap, b.cfg.Aggregates)
+	if err != nil {
+		return brokerRow{}, fmt.Errorf("drive %s directly in batches: %w", c.name, err)
+	}
+	best := parallel
+	best.Note = fmt.Sprintf("%d publishers, 1 message each", b.cfg.Lanes)
+	if batched.PerSec() > parallel.PerSec() {
+		best = batched
+		best.Note = "1 publisher, batches of 100"
+	}
+	b.log.Info("broker", "name", c.name, "relay", int(res.PerSec()), "direct_parallel", int(parallel.PerSec()), "direct_batched", int(batched.PerSec()))
+	return brokerRow{Broker: c.name, Relay: res.rate, Direct: best, Measured: true,
+		Note: fmt.Sprintf("%s; %d events; direct best: %s", c.note, n, best.Note)}, nil
+}
+
+// driveDirect publishes n messages shaped like the relay's through pub, on
+// workers goroutines, perCall messages to a call.
+func driveDirect(ctx context.Context, pub message.Publisher, e *core.Event, n, workers, perCall int, limit time.Duration, aggregates int) (rate, error) {
+	var next, sent atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	deadline := time.Now().Add(limit)
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil && time.Now().Before(deadline) {
+				first := next.Add(int64(perCall)) - int64(perCall)
+				if first >= int64(n) {
+					return
+				}
+				k := min(int64(perCall), int64(n)-first)
+				msgs := make([]*message.Message, k)
+				for i := range msgs {
+					ev := *e
+					ev.ID = first + int64(i)
+					ev.UID = watermill.NewUUID()
+					ev.AggregateID = aggregateID(ev.ID, aggregates)
+					msgs[i] = wm.Message(&ev)
+				}
+				if err := pub.Publish(benchTopic, msgs...); err != nil {
+					errs <- err
+					return
+				}
+				sent.Add(k)
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return rate{}, err
+	default:
+	}
+	return rate{Events: sent.Load(), Elapsed: time.Since(start)}, nil
+}

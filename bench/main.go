@@ -36,6 +36,7 @@ type config struct {
 	BatchSize    int           // relay and floor batch size
 	Lanes        int           // relay lanes
 	DrainCap     time.Duration // upper bound on one drain
+	Repeat       int           // rounds of the drain comparison; the best counts
 	BigDrainCap  time.Duration // upper bound on the large-backlog drain
 	LatencyRun   time.Duration // length of one fixed-rate latency run
 	ProducerRun  time.Duration // length of one producer throughput run
@@ -45,19 +46,20 @@ type config struct {
 	Chart      string // SVG chart; default: next to Out
 	CPUProfile string
 	Only       string // run one section: drain, latency, producer, brokers, scale
+	Render     string // re-render the report from this JSON file instead of measuring
 }
 
 func defaults(quick bool) config {
 	c := config{
 		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000,
 		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16,
-		DrainCap: 60 * time.Second, BigDrainCap: 60 * time.Second,
+		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 3,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
 	}
 	if quick {
 		c.Backlog, c.SmallBacklog, c.BigBacklog, c.ReplicaLoad = 20_000, 5_000, 200_000, 20_000
 		c.Aggregates = 1000
-		c.DrainCap, c.BigDrainCap = 15*time.Second, 10*time.Second
+		c.DrainCap, c.BigDrainCap, c.Repeat = 15*time.Second, 10*time.Second, 1
 		c.LatencyRun, c.ProducerRun, c.BrokerEvents = 2*time.Second, 2*time.Second, 5_000
 	}
 	return c
@@ -86,6 +88,7 @@ func main() {
 	fs.IntVar(&c.BatchSize, "batch", c.BatchSize, "relay and floor batch size (relay option BatchSize)")
 	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "relay option Lanes")
 	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
+	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")
 	fs.DurationVar(&c.LatencyRun, "latency-run", c.LatencyRun, "length of one fixed-rate latency run")
 	fs.DurationVar(&c.ProducerRun, "producer-run", c.ProducerRun, "length of one producer throughput run")
@@ -94,9 +97,17 @@ func main() {
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
 	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, producer, brokers or scale")
+	fs.StringVar(&c.Render, "render", "", "write -out again from the figures saved beside an earlier report (its .json)")
 	_ = fs.Parse(os.Args[1:])
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if c.Render != "" {
+		if err := rerender(c); err != nil {
+			log.Error("render failed", "error", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if c.DatabaseURL == "" {
 		log.Error("no database: set OUTBOX_TEST_DATABASE_URL or -database, or run `make bench`")
 		os.Exit(2)

@@ -2,6 +2,7 @@ package main
 
 import (
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"html"
 	"io"
@@ -282,12 +283,38 @@ func (r *report) write(path, chart string) error {
 	if err != nil {
 		rel = chart
 	}
+	raw, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode figures: %w", err)
+	}
+	if err := os.WriteFile(strings.TrimSuffix(path, filepath.Ext(path))+".json", raw, 0o644); err != nil {
+		return fmt.Errorf("write figures: %w", err)
+	}
 	var b strings.Builder
 	r.markdown(&b, filepath.ToSlash(rel))
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return nil
+}
+
+// rerender writes the report again from saved figures, with the current
+// text around them.
+func rerender(c config) error {
+	raw, err := os.ReadFile(c.Render)
+	if err != nil {
+		return fmt.Errorf("read figures: %w", err)
+	}
+	var r report
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return fmt.Errorf("decode figures: %w", err)
+	}
+	out := c.Out
+	if out == "" {
+		out = strings.TrimSuffix(c.Render, filepath.Ext(c.Render)) + ".md"
+	}
+	r.evaluate()
+	return r.write(out, c.Chart)
 }
 
 func (r *report) markdown(w io.Writer, chart string) {
