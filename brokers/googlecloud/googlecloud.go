@@ -1,0 +1,232 @@
+// Package googlecloud is the "googlecloud" broker: Watermill's Google Cloud
+// Pub/Sub publisher with message ordering on, the aggregate id as ordering
+// key, and publishing resumed for a key after a failed publish.
+//
+// The client library's default batching waits up to 10ms to fill a batch of
+// 100; a relay publishing one event at a time per lane then manages about
+// 100 events per second. The defaults here send each message at once.
+package googlecloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/pubsub"
+	"github.com/ThreeDotsLabs/watermill"
+	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/wm"
+	"github.com/outboxhq/outbox/core"
+)
+
+func init() {
+	brokers.Register("googlecloud", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
+		var s Settings
+		if err := p.Config.Decode(&s); err != nil {
+			return nil, fmt.Errorf("googlecloud settings: %w", err)
+		}
+		return New(ctx, s, p.Topics, p.Logger)
+	})
+}
+
+// Settings configure the Pub/Sub publisher; keys are those of the
+// brokers.googlecloud configuration section (environment:
+// OUTBOX_BROKERS_GOOGLECLOUD_<KEY>).
+type Settings struct {
+	ProjectID string `koanf:"project_id"` // required
+	// CredentialsFile is a service account key file; by default the
+	// client finds credentials itself (GOOGLE_APPLICATION_CREDENTIALS,
+	// the metadata server).
+	CredentialsFile string `koanf:"credentials_file"`
+	// EmulatorHost is the host:port of a Pub/Sub emulator, reached without
+	// TLS or credentials. The client also honours PUBSUB_EMULATOR_HOST.
+	EmulatorHost string `koanf:"emulator_host"`
+	Endpoint     string `koanf:"endpoint"` // overrides the service endpoint, such as a regional one
+	// CreateTopics creates a missing topic on first use. By default a
+	// missing topic fails its events permanently (topics are provisioned
+	// with their subscriptions; a message on a topic without subscriptions
+	// is lost).
+	CreateTopics bool `koanf:"create_topics"`
+
+	DelayThreshold time.Duration `koanf:"delay_threshold"` // longest wait to fill a batch; default 50us
+	CountThreshold int           `koanf:"count_threshold"` // messages that send a batch at once; default 1
+	ByteThreshold  int           `koanf:"byte_threshold"`  // bytes that send a batch at once; default 1000000
+	PublishTimeout time.Duration `koanf:"publish_timeout"` // bound on one publish; default 10s
+	ConnectTimeout time.Duration `koanf:"connect_timeout"` // default 10s
+}
+
+func (s Settings) withDefaults() Settings {
+	if s.DelayThreshold == 0 {
+		s.DelayThreshold = 50 * time.Microsecond
+	}
+	if s.CountThreshold == 0 {
+		s.CountThreshold = 1
+	}
+	if s.ByteThreshold == 0 {
+		s.ByteThreshold = 1e6
+	}
+	if s.PublishTimeout == 0 {
+		s.PublishTimeout = 10 * time.Second
+	}
+	if s.ConnectTimeout == 0 {
+		s.ConnectTimeout = 10 * time.Second
+	}
+	return s
+}
+
+// Validate reports the first missing or invalid setting, naming its key.
+func (s Settings) Validate() error {
+	switch {
+	case s.ProjectID == "":
+		return errors.New("googlecloud: project_id is empty")
+	case s.EmulatorHost != "" && s.CredentialsFile != "":
+		return errors.New("googlecloud: emulator_host and credentials_file exclude each other")
+	case s.EmulatorHost != "" && s.Endpoint != "":
+		return errors.New("googlecloud: emulator_host and endpoint exclude each other")
+	case s.DelayThreshold < 0:
+		return errors.New("googlecloud: delay_threshold is negative")
+	case s.CountThreshold < 0:
+		return errors.New("googlecloud: count_threshold is negative")
+	case s.ByteThreshold < 0:
+		return errors.New("googlecloud: byte_threshold is negative")
+	case s.PublishTimeout < 0:
+		return errors.New("googlecloud: publish_timeout is negative")
+	case s.ConnectTimeout < 0:
+		return errors.New("googlecloud: connect_timeout is negative")
+	}
+	return nil
+}
+
+func (s Settings) clientOptions() []option.ClientOption {
+	var o []option.ClientOption
+	if s.EmulatorHost != "" {
+		o = append(o, option.WithEndpoint(s.EmulatorHost), option.WithoutAuthentication(),
+			option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+			option.WithTelemetryDisabled())
+	}
+	if s.Endpoint != "" {
+		o = append(o, option.WithEndpoint(s.Endpoint))
+	}
+	if s.CredentialsFile != "" {
+		o = append(o, option.WithCredentialsFile(s.CredentialsFile))
+	}
+	return o
+}
+
+// New creates the client and returns a publisher routing with topics. The
+// client connects lazily: an unreachable endpoint shows on the first publish.
+func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	s = s.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ps := pubsub.DefaultPublishSettings
+	ps.DelayThreshold = s.DelayThreshold
+	ps.CountThreshold = s.CountThreshold
+	ps.ByteThreshold = s.ByteThreshold
+	ps.Timeout = s.PublishTimeout
+	pub, err := wmgc.NewPublisher(wmgc.PublisherConfig{
+		ProjectID:                 s.ProjectID,
+		DoNotCreateTopicIfMissing: true, // see creator
+		EnableMessageOrdering:     true,
+		// A failed publish pauses its ordering key; resume it so the
+		// relay's retry can go out.
+		EnableMessageOrderingAutoResumePublishOnError: true,
+		ConnectTimeout:  s.ConnectTimeout,
+		PublishTimeout:  s.PublishTimeout,
+		PublishSettings: &ps,
+		ClientOptions:   s.clientOptions(),
+		Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
+			return m.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+	}, watermill.NewSlogLogger(log))
+	if err != nil {
+		return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
+	}
+	var wpub message.Publisher = pub
+	if s.CreateTopics {
+		c, err := pubsub.NewClient(ctx, s.ProjectID, s.clientOptions()...)
+		if err != nil {
+			_ = pub.Close()
+			return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
+		}
+		wpub = &creator{Publisher: pub, client: c, timeout: s.PublishTimeout, known: map[string]bool{}}
+	}
+	log.Info("googlecloud publisher ready", "project_id", s.ProjectID, "emulator", s.EmulatorHost != "",
+		"delay_threshold", s.DelayThreshold, "count_threshold", s.CountThreshold)
+	return wm.New(wm.Guard(wpub), topics, classify), nil
+}
+
+// creator creates a missing topic before Watermill first sees it. Watermill
+// can create topics too, but a topic it creates loses the publish settings
+// (back to the slow default batching).
+type creator struct {
+	message.Publisher
+	client  *pubsub.Client
+	timeout time.Duration
+
+	mu    sync.Mutex
+	known map[string]bool
+}
+
+func (c *creator) Publish(topic string, msgs ...*message.Message) error {
+	if err := c.ensure(topic); err != nil {
+		return err
+	}
+	return c.Publisher.Publish(topic, msgs...)
+}
+
+func (c *creator) ensure(topic string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.known[topic] {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	ok, err := c.client.Topic(topic).Exists(ctx)
+	if err != nil {
+		return fmt.Errorf("check topic %s: %w", topic, err)
+	}
+	if !ok {
+		if _, err := c.client.CreateTopic(ctx, topic); err != nil && status.Code(err) != codes.AlreadyExists {
+			return fmt.Errorf("create topic %s: %w", topic, err)
+		}
+	}
+	c.known[topic] = true
+	return nil
+}
+
+func (c *creator) Close() error {
+	return errors.Join(c.Publisher.Close(), c.client.Close())
+}
+
+// classify marks the errors retrying cannot fix: a message the service
+// refuses as invalid or too large, a topic that does not exist.
+func classify(err error) error {
+	if errors.Is(err, pubsub.ErrOversizedMessage) || errors.Is(err, wmgc.ErrTopicDoesNotExist) {
+		return core.Permanent(err)
+	}
+	switch status.Code(err) { // finds a gRPC status wrapped anywhere in err
+	case codes.InvalidArgument, codes.NotFound:
+		return core.Permanent(err)
+	}
+	return err
+}
