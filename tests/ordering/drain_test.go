@@ -1,0 +1,136 @@
+package ordering_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// countingBroker accepts everything at once.
+type countingBroker struct{ n atomic.Int64 }
+
+func (b *countingBroker) Publish(context.Context, *core.Event) error { b.n.Add(1); return nil }
+func (b *countingBroker) Close() error                               { return nil }
+
+// claimStats is an Observer measuring claims.
+type claimStats struct {
+	claims, short, empty, claimed atomic.Int64
+	claimNanos                    atomic.Int64
+	batch                         int
+}
+
+func (s *claimStats) Claimed(n int, d time.Duration) {
+	s.claims.Add(1)
+	s.claimed.Add(int64(n))
+	s.claimNanos.Add(int64(d))
+	switch {
+	case n == 0:
+		s.empty.Add(1)
+	case n < s.batch:
+		s.short.Add(1)
+	}
+}
+func (s *claimStats) Published(*core.Event, time.Duration, error) {}
+func (s *claimStats) Completed(int, int, time.Duration)           {}
+func (s *claimStats) Errored(string, error)                       {}
+
+type drainCase struct {
+	unordered  bool
+	batch      int
+	relays     int
+	aggregates int
+	index      string // "pending_id" (the schema's) or "created_at" (the article's)
+}
+
+func (c drainCase) String() string {
+	mode := "ordered"
+	if c.unordered {
+		mode = "unordered"
+	}
+	return fmt.Sprintf("%s batch=%d relays=%d aggregates=%d index=%s", mode, c.batch, c.relays, c.aggregates, c.index)
+}
+
+// TestDrainThroughput measures how fast relays drain a backlog with a
+// publisher that costs nothing: the figures in docs/design.md. It runs
+// only when OUTBOX_DRAIN_EVENTS names the backlog size.
+func TestDrainThroughput(t *testing.T) {
+	if os.Getenv("OUTBOX_DRAIN_EVENTS") == "" {
+		t.Skip("set OUTBOX_DRAIN_EVENTS (such as 200000) to measure drains")
+	}
+	events := sizeFromEnv(t, "OUTBOX_DRAIN_EVENTS", 0)
+	aggs := sizeFromEnv(t, "OUTBOX_DRAIN_AGGREGATES", 1000)
+	var cases []drainCase
+	for _, unordered := range []bool{false, true} {
+		for _, batch := range []int{500, 1000} {
+			for _, relays := range []int{1, 4} {
+				cases = append(cases, drainCase{unordered, batch, relays, aggs, "pending_id"})
+			}
+		}
+	}
+	if only := os.Getenv("OUTBOX_DRAIN_CASES"); only != "" {
+		cases = nil
+		for _, spec := range strings.Split(only, ";") {
+			var c drainCase
+			var mode string
+			if _, err := fmt.Sscanf(spec, "%s %d %d %d %s", &mode, &c.batch, &c.relays, &c.aggregates, &c.index); err != nil {
+				t.Fatalf("OUTBOX_DRAIN_CASES entry %q: want \"ordered|unordered batch relays aggregates index\": %v", spec, err)
+			}
+			c.unordered = mode == "unordered"
+			cases = append(cases, c)
+		}
+	}
+	for _, c := range cases {
+		t.Run(strings.ReplaceAll(c.String(), " ", "_"), func(t *testing.T) { drain(t, c, events) })
+	}
+}
+
+func drain(t *testing.T, c drainCase, events int) {
+	e := newEnv(t)
+	ctx := context.Background()
+	tbl := e.table()
+	if c.index == "created_at" {
+		idx := pgx.Identifier{e.cfg.Schema, e.cfg.Table + "_pending"}.Sanitize()
+		if _, err := e.admin.Exec(ctx, `DROP INDEX `+idx+`; CREATE INDEX ON `+tbl+` (created_at) WHERE dispatched_at IS NULL AND parked_at IS NULL`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.admin.Exec(ctx, `INSERT INTO `+tbl+` (uid, aggregate_id, type, payload, created_at)
+SELECT gen_random_uuid(), md5((g % $2)::text)::uuid, 'order.changed', '{"seq":1}',
+       now() - interval '1 hour' + g * interval '1 microsecond'
+FROM generate_series(1, $1) AS g`, events, c.aggregates); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.Exec(ctx, `VACUUM ANALYZE `+tbl); err != nil {
+		t.Fatal(err)
+	}
+	broker := &countingBroker{}
+	stats := &claimStats{batch: c.batch}
+	rs := make([]*replica, c.relays)
+	start := time.Now()
+	for i := range rs {
+		rs[i] = &replica{env: e, name: fmt.Sprintf("%s-d%d", e.cfg.Schema, i), pub: broker, opts: core.Options{
+			BatchSize: c.batch, Unordered: c.unordered, Observer: stats,
+		}}
+		rs[i].start()
+	}
+	waitFor(t, 30*time.Minute, "the drain", func() bool { return broker.n.Load() >= int64(events) })
+	elapsed := time.Since(start)
+	for _, r := range rs {
+		r.stop()
+	}
+	if n := e.pending(ctx); n != 0 {
+		t.Fatalf("%d events still pending after %d publishes", n, broker.n.Load())
+	}
+	claims := stats.claims.Load()
+	t.Logf("%v: %d events in %v = %.0f events/s; %d claims (%d short, %d empty), %.1f events and %.2f ms per claim",
+		c, events, elapsed.Round(time.Millisecond), float64(events)/elapsed.Seconds(), claims, stats.short.Load(), stats.empty.Load(),
+		float64(stats.claimed.Load())/float64(claims), float64(stats.claimNanos.Load())/float64(claims)/1e6)
+}
