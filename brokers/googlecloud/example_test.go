@@ -1,0 +1,33 @@
+package googlecloud_test
+
+import (
+	"context"
+	"fmt"
+
+	"cloud.google.com/go/pubsub/pstest"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/googlecloud"
+	"github.com/outboxhq/outbox/core"
+)
+
+func ExampleNew() {
+	// An in-process fake stands in for Google's emulator or the service.
+	srv := pstest.NewServer()
+	defer srv.Close()
+
+	ctx := context.Background()
+	pub, err := googlecloud.New(ctx, googlecloud.Settings{
+		ProjectID: "my-project", EmulatorHost: srv.Addr, CreateTopics: true,
+	}, &brokers.Routing{}, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pub.Close()
+	err = pub.Publish(ctx, &core.Event{ID: 1, UID: "0b7e5c8e-0000-4000-8000-000000000001",
+		AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
+	m := srv.Messages()[0]
+	fmt.Println(err, m.Topic, m.OrderingKey)
+	// Output: <nil> projects/my-project/topics/order order-7
+}
