@@ -53,7 +53,7 @@ func defaults(quick bool) config {
 	c := config{
 		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000,
 		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16,
-		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 3,
+		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
 	}
 	if quick {
