@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -36,7 +37,9 @@ var relayHooks []func(ctx context.Context, e *env, st *store.Store, pub core.Pub
 var publisherWraps []func(e *env, pub core.Publisher) (core.Publisher, error)
 
 func (e *env) runRelay(ctx context.Context) error {
-	pool, err := e.openPool(ctx, "outbox-relay")
+	// One name per process, so `outbox status` can tell replicas apart.
+	host, _ := os.Hostname()
+	pool, err := e.openPool(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
 	if err != nil {
 		return err
 	}

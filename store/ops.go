@@ -46,7 +46,7 @@ type Status struct {
 // Replica is what the database shows of the relays connected from one
 // client address.
 type Replica struct {
-	Client      string // client address, or "local" for a Unix socket
+	Client      string // the relay's application_name suffix (host:pid), else its address
 	Connections int
 	InClaim     int       // sessions inside a transaction: claims being published
 	OldestClaim time.Time // start of the oldest open transaction; zero if none
@@ -101,10 +101,10 @@ FROM (
 
 func (s *Store) replicas(ctx context.Context, app string) ([]Replica, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT COALESCE(host(client_addr), 'local'), count(*),
+SELECT COALESCE(NULLIF(substr(application_name, length($1) + 2), ''), host(client_addr), 'local'), count(*),
        count(*) FILTER (WHERE xact_start IS NOT NULL), min(xact_start)
 FROM pg_stat_activity
-WHERE datname = current_database() AND application_name = $1
+WHERE datname = current_database() AND (application_name = $1 OR starts_with(application_name, $1 || ' '))
 GROUP BY 1 ORDER BY 1`, app)
 	if err != nil {
 		return nil, fmt.Errorf("list relay sessions: %w", err)
