@@ -77,7 +77,7 @@ func (e *env) runDemo(ctx context.Context, orders int) error {
 	say("1. Schema %s: outbox tables migrated, orders and loyalty tables created.", demoSchema)
 
 	// Consumer first: the in-process broker keeps nothing for late subscribers.
-	ch := wmgo.NewGoChannel(wmgo.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{})
+	ch := wmgo.NewGoChannel(wmgo.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	defer ch.Close()
 	var deliveries atomic.Int64
 	router, err := demoConsumer(pool, cfg, ch, &deliveries, e.log)

@@ -24,10 +24,14 @@ var (
 
 // Shared is the process-wide GoChannel the registered "gochannel" broker
 // publishes to. Subscribe consumers to it before messages are published:
-// GoChannel does not keep messages for later subscribers.
+// GoChannel does not keep messages for later subscribers, and a publish
+// with no subscriber succeeds with nobody receiving it.
+//
+// A publish waits until every subscriber has acked: without that, GoChannel
+// hands each message over on its own goroutine and per-key order is lost.
 func Shared() *wmgo.GoChannel {
 	sharedOnce.Do(func() {
-		shared = wmgo.NewGoChannel(wmgo.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{})
+		shared = wmgo.NewGoChannel(wmgo.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	})
 	return shared
 }

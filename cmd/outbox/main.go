@@ -8,6 +8,7 @@ import (
 
 	_ "github.com/outboxhq/outbox/brokers/amqp"
 	_ "github.com/outboxhq/outbox/brokers/gochannel"
+	_ "github.com/outboxhq/outbox/brokers/googlecloud"
 	_ "github.com/outboxhq/outbox/brokers/kafka"
 	_ "github.com/outboxhq/outbox/brokers/stdout"
 	"github.com/outboxhq/outbox/cli"
