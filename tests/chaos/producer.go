@@ -75,7 +75,7 @@ func (p *producers) worker(ctx context.Context, offset time.Duration) {
 		if time.Until(next) < -time.Second {
 			next = time.Now() // after an outage, do not burst to catch up
 		}
-		if err := p.transaction(ctx); err != nil {
+		if err := p.random(ctx); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -96,10 +96,24 @@ func (p *producers) worker(ctx context.Context, offset time.Duration) {
 
 var pad = strings.Repeat("x", 120)
 
-func (p *producers) transaction(ctx context.Context) error {
-	agg := p.aggregates[rand.N(len(p.aggregates))]
-	k := 1 + rand.N(3)
-	rollback := rand.Float64() < p.rollback
+// burst commits n events for each of aggs random aggregates, one
+// transaction per aggregate, to give the relays long batches to be
+// interrupted in. It stops at the first error.
+func (p *producers) burst(ctx context.Context, aggs, n int) error {
+	for range aggs {
+		if err := p.transaction(ctx, p.aggregates[rand.N(len(p.aggregates))], n, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *producers) random(ctx context.Context) error {
+	return p.transaction(ctx, p.aggregates[rand.N(len(p.aggregates))], 1+rand.N(3), rand.Float64() < p.rollback)
+}
+
+// transaction writes k events for agg and commits, or rolls back.
+func (p *producers) transaction(ctx context.Context, agg string, k int, rollback bool) error {
 	tx, err := p.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -235,4 +237,45 @@ func (r *relaySlot) exitCount() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.exits
+}
+
+// localPorts lists the local TCP ports of the relay's open sockets, which
+// pg_stat_activity shows as client_port.
+func (r *relaySlot) localPorts() ([]int32, error) {
+	r.mu.Lock()
+	p := r.proc
+	r.mu.Unlock()
+	if p == nil {
+		return nil, errors.New("relay is not running")
+	}
+	dir := fmt.Sprintf("/proc/%d", p.Pid)
+	fds, err := os.ReadDir(dir + "/fd")
+	if err != nil {
+		return nil, err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		if link, err := os.Readlink(dir + "/fd/" + fd.Name()); err == nil && strings.HasPrefix(link, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] = true
+		}
+	}
+	var ports []int32
+	for _, table := range []string{"/net/tcp", "/net/tcp6"} {
+		b, err := os.ReadFile(dir + table)
+		if err != nil {
+			continue
+		}
+		// Columns: sl local_address rem_address st ... uid timeout inode
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			cols := strings.Fields(line)
+			if len(cols) < 10 || !inodes[cols[9]] {
+				continue
+			}
+			_, port, ok := strings.Cut(cols[1], ":")
+			if n, err := strconv.ParseInt(port, 16, 32); ok && err == nil {
+				ports = append(ports, int32(n))
+			}
+		}
+	}
+	return ports, nil
 }

@@ -125,6 +125,7 @@ type Report struct {
 	Relays       int
 	Elapsed      time.Duration
 	Faults       map[string]int
+	MidClaim     int // relay kills and pauses that caught the relay holding a claim
 	RelayExits   int // relay processes that ended (killed or failed) and were restarted
 	FailedCycles int // "relay cycle failed" log lines, all relays
 	// MaxFailedCyclesPerSecond is the most failed cycles one relay logged
@@ -188,6 +189,7 @@ func (r *Report) Print(w io.Writer) {
 		{"relay processes", r.Relays},
 		{"elapsed", r.Elapsed.Round(time.Second)},
 		{"faults", strings.Join(faults, ", ")},
+		{"relay faults mid-claim", r.MidClaim},
 		{"relay restarts", r.RelayExits},
 		{"events committed", r.Committed},
 		{"events rolled back", r.RolledBack},
@@ -338,7 +340,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	produced := make(chan struct{})
 	go func() { defer close(produced); prod.run(pctx, o.Producers) }()
 
-	f := &faulter{srv: srv, slots: slots, outage: o.Outage, log: log.With("part", "faults"), done: map[string]int{}}
+	f := &faulter{prod: prod, db: db.admin, srv: srv, slots: slots, outage: o.Outage, log: log.With("part", "faults"), done: map[string]int{}}
 	if err := f.apply(ctx, o.Faults, o.FaultGap); err != nil {
 		return nil, err
 	}
@@ -376,7 +378,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	stopConsumer()
 	consumerDone.Wait()
 
-	rep := &Report{Broker: o.Broker, Relays: o.Relays, Faults: f.done, BacklogAtEnd: backlog}
+	rep := &Report{Broker: o.Broker, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog}
 	for _, s := range slots {
 		rep.RelayExits += s.exitCount()
 		rep.FailedCycles += s.lines.failureCount()
@@ -464,11 +466,14 @@ func freePort() (int, error) {
 
 // faulter applies faults and counts them.
 type faulter struct {
-	srv    *Servers
-	slots  []*relaySlot
-	outage time.Duration
-	log    *slog.Logger
-	done   map[string]int
+	prod     *producers
+	db       *pgxpool.Pool
+	midClaim int // relay faults that caught the relay holding a claim
+	srv      *Servers
+	slots    []*relaySlot
+	outage   time.Duration
+	log      *slog.Logger
+	done     map[string]int
 }
 
 func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration) error {
@@ -488,7 +493,9 @@ func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration)
 func (f *faulter) one(ctx context.Context, kind string) error {
 	switch kind {
 	case KillRelay:
+		f.burst(ctx)
 		if s := f.runningSlot(); s != nil {
+			f.stopMidClaim(ctx, s)
 			s.signal(syscall.SIGKILL)
 		}
 	case KillAll:
@@ -496,8 +503,9 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 			s.signal(syscall.SIGKILL)
 		}
 	case PauseRelay:
+		f.burst(ctx)
 		s := f.runningSlot()
-		if s == nil || !s.signal(syscall.SIGSTOP) {
+		if s == nil || !f.stopMidClaim(ctx, s) {
 			return nil
 		}
 		// Past the claim window, PostgreSQL ends the paused relay's
@@ -522,6 +530,41 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 		return f.srv.StartPostgres()
 	}
 	return nil
+}
+
+// burst writes long runs of events for a few aggregates, so that a relay
+// fault that follows finds the relays in the middle of batches.
+func (f *faulter) burst(ctx context.Context) {
+	if err := f.prod.burst(ctx, 8, 150); err != nil {
+		f.log.Warn("burst of events failed", "error", err)
+	}
+}
+
+// stopMidClaim stops s (SIGSTOP) at a moment it holds a claim, so the
+// fault that follows interrupts a batch: it stops it, looks for an open
+// transaction on one of its database connections, and if there is none
+// lets it run a little and tries again. It returns whether s is left
+// stopped, mid-claim or not.
+func (f *faulter) stopMidClaim(ctx context.Context, s *relaySlot) bool {
+	for range 60 {
+		if !s.signal(syscall.SIGSTOP) {
+			return false
+		}
+		var open int
+		ports, err := s.localPorts()
+		if err == nil {
+			err = f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND state <> 'idle'`, relayRole, ports).Scan(&open)
+		}
+		if err == nil && open > 0 {
+			f.log.Debug("relay stopped in a claim", "relay", s.id)
+			f.midClaim++
+			return true
+		}
+		s.signal(syscall.SIGCONT)
+		sleep(ctx, time.Duration(20+rand.N(100))*time.Millisecond)
+	}
+	return s.signal(syscall.SIGSTOP)
 }
 
 // runningSlot picks a relay whose process is up, at random.
