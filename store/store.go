@@ -41,10 +41,12 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	cols := "o.id, o.uid::text, o.aggregate_id::text, o.type, o.payload, o.headers, o.created_at, o.attempts"
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
-	// retry. Then every pending event before the last candidate that the
-	// claim did not get (locked by another relay, or of a held aggregate)
-	// blocks its aggregate from that event on. One range scan does it, so
-	// the cost stays linear in the batch however hot an aggregate is.
+	// retry. Then, per aggregate in the claim, the first pending event the
+	// claim did not get (locked by another relay, or past the batch) blocks
+	// the aggregate from that event on. The probe walks the aggregate's
+	// index from its earliest pending event and stops there, so its cost
+	// follows the batch, however hot an aggregate is and however many
+	// dispatched rows the table keeps.
 	ordered := `
 WITH held AS (
     SELECT DISTINCT aggregate_id FROM ` + n.Outbox + `
@@ -57,19 +59,22 @@ WITH held AS (
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-), blocked AS (
-    SELECT o.aggregate_id, min(o.id) AS from_id
-    FROM ` + n.Outbox + ` o
-    WHERE o.dispatched_at IS NULL AND o.parked_at IS NULL
-      AND o.id < (SELECT max(id) FROM cand)
-      AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.id = o.id)
-    GROUP BY o.aggregate_id
+), gate AS MATERIALIZED (
+    SELECT a.aggregate_id, (
+        SELECT p.id FROM ` + n.Outbox + ` p
+        WHERE p.aggregate_id = a.aggregate_id
+          AND p.dispatched_at IS NULL AND p.parked_at IS NULL
+          AND p.id NOT IN (SELECT id FROM cand)
+        ORDER BY p.id
+        LIMIT 1
+    ) AS first_out
+    FROM (SELECT DISTINCT aggregate_id FROM cand) a
 )
 SELECT ` + cols + `
-FROM cand c JOIN ` + n.Outbox + ` o ON o.id = c.id
-WHERE NOT EXISTS (
-    SELECT 1 FROM blocked b WHERE b.aggregate_id = c.aggregate_id AND b.from_id < c.id
-)
+FROM cand c
+JOIN gate g ON g.aggregate_id = c.aggregate_id
+JOIN ` + n.Outbox + ` o ON o.id = c.id
+WHERE g.first_out IS NULL OR c.id < g.first_out
 ORDER BY o.id`
 	unordered := `
 WITH cand AS (
