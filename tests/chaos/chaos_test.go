@@ -27,33 +27,33 @@ func servers(t *testing.T) {
 }
 
 // The short fault run: a few thousand events, three relays, every fault
-// kind once, RabbitMQ.
+// kind once, RabbitMQ. It also runs the relays and the consumer under
+// least-privilege roles that log in with passwords.
 func TestFaultsRabbitMQ(t *testing.T) {
 	servers(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	runShort(t, "amqp")
+	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second})
 }
 
-// The same against Kafka (kfake), less the broker restart.
+// A shorter one against Kafka (kfake, in memory, so never restarted).
 func TestFaultsKafka(t *testing.T) {
 	servers(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	runShort(t, "kafka")
+	runShort(t, Options{Broker: "kafka", Events: 2000, ProduceFor: 15 * time.Second,
+		Faults: []string{KillRelay, PauseRelay, CrashPG}})
 }
 
-func runShort(t *testing.T, broker string) {
+func runShort(t *testing.T, o Options) {
 	root, err := ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{
-		Root: root, Broker: broker, Events: 3000, Relays: 3, ProduceFor: 20 * time.Second,
-		FaultGap: time.Second, Outage: 2 * time.Second, DrainTimeout: 90 * time.Second,
-		Dir:    t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	})
+	o.Root, o.Relays, o.Dir = root, 3, t.TempDir()
+	o.FaultGap, o.Outage, o.DrainTimeout = time.Second, 2*time.Second, 90*time.Second
+	o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	rep, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ type payload struct {
 // committed too, so the accounting reads the outbox instead.
 type producerStats struct {
 	committed, rolledBack, uncertain, retries atomic.Int64
+	burst                                     atomic.Int64 // committed in bursts
 
 	mu             sync.Mutex
 	rolledBackUIDs map[string]bool
@@ -41,6 +42,7 @@ type producers struct {
 	target     int64
 	rollback   float64
 	interval   time.Duration // between transactions of one worker
+	more       func() bool   // keeps producing past target while it returns true
 	log        *slog.Logger
 	stats      *producerStats
 }
@@ -65,7 +67,7 @@ func (p *producers) run(ctx context.Context, workers int) {
 func (p *producers) worker(ctx context.Context, offset time.Duration) {
 	next := time.Now().Add(offset)
 	failures := 0
-	for ctx.Err() == nil && p.stats.committed.Load() < p.target {
+	for ctx.Err() == nil && (p.stats.committed.Load() < p.target || (p.more != nil && p.more())) {
 		if d := time.Until(next); d > 0 {
 			if !sleep(ctx, d) {
 				return
@@ -98,12 +100,15 @@ var pad = strings.Repeat("x", 120)
 
 // burst commits n events for each of aggs random aggregates, one
 // transaction per aggregate, to give the relays long batches to be
-// interrupted in. It stops at the first error.
+// interrupted in. They do not count towards the target. It stops at the
+// first error.
 func (p *producers) burst(ctx context.Context, aggs, n int) error {
 	for range aggs {
 		if err := p.transaction(ctx, p.aggregates[rand.N(len(p.aggregates))], n, false); err != nil {
 			return err
 		}
+		p.stats.committed.Add(-int64(n))
+		p.stats.burst.Add(int64(n))
 	}
 	return nil
 }

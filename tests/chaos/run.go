@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,13 +40,13 @@ const (
 // AllFaults are the fault kinds for RabbitMQ. Kafka runs on kfake, which
 // is in memory: restarting it would lose what it holds, so a Kafka run
 // leaves out RestartMQ.
-var AllFaults = []string{KillRelay, PauseRelay, RestartMQ, RestartPG, CrashPG, KillAll}
+var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll}
 
 // Options configure a run. The zero value is a short run against RabbitMQ.
 type Options struct {
 	Root       string        // module root, holding scripts/ and cmd/; required
 	Broker     string        // "amqp" (default) or "kafka"
-	Events     int           // committed events to produce; default 3000
+	Events     int           // committed events to produce at least (more while faults last); default 3000
 	Relays     int           // relay processes, 2 to 4; default 3
 	Producers  int           // producer goroutines; default 4
 	Aggregates int           // default 300
@@ -335,13 +336,19 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		stats:    &producerStats{rolledBackUIDs: map[string]bool{}},
 	}
 	log.Info("producing", "events", o.Events, "over", o.ProduceFor, "relays", o.Relays, "broker", o.Broker)
+	// Production goes on until the faults are over, so every fault
+	// meets producers writing.
+	var faultsOver atomic.Bool
+	prod.more = func() bool { return !faultsOver.Load() }
 	pctx, stopProducers := context.WithCancel(ctx)
 	defer stopProducers()
 	produced := make(chan struct{})
 	go func() { defer close(produced); prod.run(pctx, o.Producers) }()
 
 	f := &faulter{prod: prod, db: db.admin, srv: srv, slots: slots, outage: o.Outage, log: log.With("part", "faults"), done: map[string]int{}}
-	if err := f.apply(ctx, o.Faults, o.FaultGap); err != nil {
+	err = f.apply(ctx, o.Faults, o.FaultGap)
+	faultsOver.Store(true)
+	if err != nil {
 		return nil, err
 	}
 	select {
@@ -535,7 +542,7 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 // burst writes long runs of events for a few aggregates, so that a relay
 // fault that follows finds the relays in the middle of batches.
 func (f *faulter) burst(ctx context.Context) {
-	if err := f.prod.burst(ctx, 8, 150); err != nil {
+	if err := f.prod.burst(ctx, 4, 120); err != nil {
 		f.log.Warn("burst of events failed", "error", err)
 	}
 }
