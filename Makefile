@@ -30,3 +30,6 @@ bench:
 bench-quick:
 	$(GO) build -o bin/outbox-bench ./bench
 	$(SERVICES) bin/outbox-bench -quick
+
+chaos:
+	scripts/chaos.sh
