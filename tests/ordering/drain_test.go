@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,9 +27,17 @@ type claimStats struct {
 	claims, short, empty, claimed atomic.Int64
 	claimNanos                    atomic.Int64
 	batch                         int
+
+	mu        sync.Mutex
+	durations []time.Duration // of non-empty claims, in order
 }
 
 func (s *claimStats) Claimed(n int, d time.Duration) {
+	if n > 0 {
+		s.mu.Lock()
+		s.durations = append(s.durations, d)
+		s.mu.Unlock()
+	}
 	s.claims.Add(1)
 	s.claimed.Add(int64(n))
 	s.claimNanos.Add(int64(d))
@@ -130,7 +140,23 @@ FROM generate_series(1, $1) AS g`, events, c.aggregates); err != nil {
 		t.Fatalf("%d events still pending after %d publishes", n, broker.n.Load())
 	}
 	claims := stats.claims.Load()
-	t.Logf("%v: %d events in %v = %.0f events/s; %d claims (%d short, %d empty), %.1f events and %.2f ms per claim",
+	// The first and last tenth of the claims show whether a claim's cost
+	// grows as dispatched rows pile up.
+	d := stats.durations
+	tenth := max(len(d)/10, 1)
+	mean := func(ds []time.Duration) float64 {
+		var sum time.Duration
+		for _, x := range ds {
+			sum += x
+		}
+		return float64(sum) / float64(len(ds)) / 1e6
+	}
+	first, last := mean(d[:tenth]), mean(d[len(d)-tenth:])
+	sorted := slices.Clone(d)
+	slices.Sort(sorted)
+	t.Logf("%v: %d events in %v = %.0f events/s; %d claims (%d short, %d empty), %.1f events per claim; "+
+		"claim ms: mean %.2f, median %.2f, first tenth %.2f, last tenth %.2f",
 		c, events, elapsed.Round(time.Millisecond), float64(events)/elapsed.Seconds(), claims, stats.short.Load(), stats.empty.Load(),
-		float64(stats.claimed.Load())/float64(claims), float64(stats.claimNanos.Load())/float64(claims)/1e6)
+		float64(stats.claimed.Load())/float64(claims), float64(stats.claimNanos.Load())/float64(claims)/1e6,
+		float64(sorted[len(sorted)/2])/1e6, first, last)
 }
