@@ -53,6 +53,33 @@ func (t *tally) record(uid, agg string, seq int) {
 	}
 }
 
+// account fills in rep what the tally says against the committed events
+// (uid -> true) and those of rolled-back transactions.
+func (t *tally) account(rep *Report, committed, rolledBack map[string]bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rep.Delivered, rep.Receipts = len(t.seen), t.receipts
+	rep.Duplicates = t.receipts - len(t.seen)
+	rep.OrderViolations, rep.NoIdentity = t.violations, t.noIdentity
+	rep.Examples = append(rep.Examples, t.examples...)
+	for uid := range committed {
+		if !t.seen[uid] {
+			rep.Lost++
+			if rep.Lost <= 5 {
+				rep.Examples = append(rep.Examples, "lost: "+uid)
+			}
+		}
+	}
+	for uid := range t.seen {
+		if !committed[uid] {
+			rep.Phantom++
+			if rolledBack[uid] {
+				rep.RolledBackDelivered++
+			}
+		}
+	}
+}
+
 func (t *tally) unique() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -345,6 +345,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	produced := make(chan struct{})
 	go func() { defer close(produced); prod.run(pctx, o.Producers) }()
 
+	progressDone := make(chan struct{})
+	go func() { defer close(progressDone); progress(pctx, log, db, prod, chk) }()
+	defer func() { stopProducers(); <-progressDone }()
+
 	f := &faulter{prod: prod, db: db.admin, srv: srv, slots: slots, outage: o.Outage, log: log.With("part", "faults"), done: map[string]int{}}
 	err = f.apply(ctx, o.Faults, o.FaultGap)
 	faultsOver.Store(true)
@@ -401,29 +405,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep.UncertainCommits = prod.stats.uncertain.Load()
 	rep.ConsumerRetries = chk.retries.Load()
 	rep.ConsumerReconnects = chk.reconnects.Load()
-	t := chk.t
-	t.mu.Lock()
-	rep.Delivered, rep.Receipts = len(t.seen), t.receipts
-	rep.Duplicates = t.receipts - len(t.seen)
-	rep.OrderViolations, rep.NoIdentity = t.violations, t.noIdentity
-	rep.Examples = append(rep.Examples, t.examples...)
-	for uid := range committed {
-		if !t.seen[uid] {
-			rep.Lost++
-			if rep.Lost <= 5 {
-				rep.Examples = append(rep.Examples, "lost: "+uid)
-			}
-		}
-	}
-	for uid := range t.seen {
-		if !committed[uid] {
-			rep.Phantom++
-			if prod.stats.rolledBackUIDs[uid] {
-				rep.RolledBackDelivered++
-			}
-		}
-	}
-	t.mu.Unlock()
+	chk.t.account(rep, committed, prod.stats.rolledBackUIDs)
 	if rep.Effects, rep.EffectsTwice, err = db.effects(ctx); err != nil {
 		return nil, fmt.Errorf("count effects: %w", err)
 	}
@@ -432,6 +414,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	rep.Elapsed = time.Since(start)
 	return rep, nil
+}
+
+// progress logs the run's figures every 15 seconds until ctx ends.
+func progress(ctx context.Context, log *slog.Logger, db *database, prod *producers, chk *checker) {
+	for sleep(ctx, 15*time.Second) {
+		backlog, _ := db.backlog(ctx)
+		log.Info("progress", "committed", prod.stats.committed.Load()+prod.stats.burst.Load(),
+			"delivered", chk.t.unique(), "backlog", backlog)
+	}
 }
 
 func pool(ctx context.Context, url string, conns int32) (*pgxpool.Pool, error) {
