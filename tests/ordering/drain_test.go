@@ -97,12 +97,24 @@ func TestDrainThroughput(t *testing.T) {
 			cases = append(cases, c)
 		}
 	}
-	for _, c := range cases {
-		t.Run(strings.ReplaceAll(c.String(), " ", "_"), func(t *testing.T) { drain(t, c, events) })
+	// The machine is shared: each case runs several times and the best
+	// run counts, the one least disturbed by other work.
+	repeats := sizeFromEnv(t, "OUTBOX_DRAIN_REPEAT", 1)
+	best := make([]float64, len(cases))
+	for i, c := range cases {
+		for range repeats {
+			t.Run(strings.ReplaceAll(c.String(), " ", "_"), func(t *testing.T) {
+				best[i] = max(best[i], drain(t, c, events))
+			})
+		}
+	}
+	for i, c := range cases {
+		t.Logf("best of %d: %v: %.0f events/s", repeats, c, best[i])
 	}
 }
 
-func drain(t *testing.T, c drainCase, events int) {
+// drain runs one case and returns its events per second.
+func drain(t *testing.T, c drainCase, events int) float64 {
 	e := newEnv(t)
 	ctx := context.Background()
 	tbl := e.table()
@@ -127,7 +139,7 @@ FROM generate_series(1, $1) AS g`, events, c.aggregates); err != nil {
 	start := time.Now()
 	for i := range rs {
 		rs[i] = &replica{env: e, name: fmt.Sprintf("%s-d%d", e.cfg.Schema, i), pub: broker, opts: core.Options{
-			BatchSize: c.batch, Unordered: c.unordered, Observer: stats,
+			BatchSize: c.batch, Unordered: c.unordered, Observer: stats, PollInterval: pollInterval(t),
 		}}
 		rs[i].start()
 	}
@@ -159,4 +171,18 @@ FROM generate_series(1, $1) AS g`, events, c.aggregates); err != nil {
 		c, events, elapsed.Round(time.Millisecond), float64(events)/elapsed.Seconds(), claims, stats.short.Load(), stats.empty.Load(),
 		float64(stats.claimed.Load())/float64(claims), float64(stats.claimNanos.Load())/float64(claims)/1e6,
 		float64(sorted[len(sorted)/2])/1e6, first, last)
+	return float64(events) / elapsed.Seconds()
+}
+
+// pollInterval is OUTBOX_DRAIN_POLL (such as 50ms), or the relay's default.
+func pollInterval(t *testing.T) time.Duration {
+	v := os.Getenv("OUTBOX_DRAIN_POLL")
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("OUTBOX_DRAIN_POLL=%q: want a positive duration", v)
+	}
+	return d
 }
