@@ -21,7 +21,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
+	_ "github.com/outboxhq/outbox/brokers/amqp"
 	"github.com/outboxhq/outbox/brokers/gochannel"
+	_ "github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
@@ -208,6 +210,48 @@ func ownSchema(ctx context.Context, admin *pgxpool.Pool, schema, role string) er
 	_, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+" AUTHORIZATION "+r+
 		"; GRANT CREATE ON DATABASE "+pgx.Identifier{db}.Sanitize()+" TO "+r)
 	return err
+}
+
+// Broker credentials stay out of the output too, when the broker refuses
+// them or cannot be reached.
+func TestBrokerPasswordNeverPrinted(t *testing.T) {
+	_, cfg := pgtest.Schema(t)
+	password := "Bk-" + randomHex(8)
+	cases := map[string][]string{
+		"amqp unreachable": {"OUTBOX_BROKER=amqp", "OUTBOX_BROKERS_AMQP_URL=amqp://outbox:" + password + "@127.0.0.1:1/"},
+		"amqp password key": {"OUTBOX_BROKER=amqp", "OUTBOX_BROKERS_AMQP_URL=amqp://127.0.0.1:1/",
+			"OUTBOX_BROKERS_AMQP_USER=outbox", "OUTBOX_BROKERS_AMQP_PASSWORD=" + password},
+		"kafka SASL unreachable": {"OUTBOX_BROKER=kafka", "OUTBOX_BROKERS_KAFKA_BROKERS=127.0.0.1:1",
+			"OUTBOX_BROKERS_KAFKA_DIAL_TIMEOUT=2s", "OUTBOX_BROKERS_KAFKA_SASL_MECHANISM=PLAIN",
+			"OUTBOX_BROKERS_KAFKA_SASL_USER=outbox", "OUTBOX_BROKERS_KAFKA_SASL_PASSWORD=" + password},
+	}
+	if u := os.Getenv("OUTBOX_TEST_AMQP_URL"); u != "" {
+		wrong, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wrong.User = url.UserPassword(wrong.User.Username(), password)
+		cases["amqp wrong password"] = []string{"OUTBOX_BROKER=amqp", "OUTBOX_BROKERS_AMQP_URL=" + wrong.String()}
+	}
+	for name, environ := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("DATABASE_URL", pgtest.URL(t))
+			for _, kv := range environ {
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			out, errOut, err := runCLI(ctx, "relay", "--schema", cfg.Schema, "--log-level", "debug")
+			if err == nil {
+				t.Fatalf("relay started; output:\n%s", errOut)
+			}
+			if !strings.Contains(err.Error(), "broker") {
+				t.Errorf("error %q does not name the broker", err)
+			}
+			assertNoSecret(t, []string{password}, name, err.Error(), out, errOut)
+		})
+	}
 }
 
 // A relay that connects logs its database URL with the password masked.
