@@ -3,14 +3,22 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"github.com/outboxhq/outbox"
 	_ "github.com/outboxhq/outbox/brokers/amqp"
@@ -532,4 +541,140 @@ func TestMissingEventIdentityIsNamed(t *testing.T) {
 	if !errors.Is(err, dedupe.ErrNoEventID) || !strings.Contains(err.Error(), `"event_uid" is missing`) {
 		t.Errorf("error %v does not name the missing event_uid header", err)
 	}
+}
+
+// TLS to PostgreSQL is set in the URL: with sslmode=verify-full the relay
+// connects only to a server whose certificate the named CA signed.
+func TestDatabaseTLSFromURL(t *testing.T) {
+	admin := pgtest.NewPool(t)
+	ctx := context.Background()
+	var dataDir string
+	if err := admin.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dataDir)
+	if err != nil || unix.Access(dataDir, unix.W_OK) != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("cannot write to the server's data directory %s to install a certificate: %v", dataDir, err)
+		}
+		t.Skipf("cannot write to the server's data directory %s to install a certificate", dataDir)
+	}
+	dir := t.TempDir()
+	caPEM, certPEM, keyPEM := testCertificates(t)
+	otherCA, _, _ := testCertificates(t)
+	certFile, keyFile := filepath.Join(dataDir, "outbox-test-server.crt"), filepath.Join(dataDir, "outbox-test-server.key")
+	for path, b := range map[string][]byte{certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// The server reads them as the data directory's owner.
+		owner := st.Sys().(*syscall.Stat_t)
+		if err := os.Chown(path, int(owner.Uid), int(owner.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caFile, otherCAFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "other-ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(otherCAFile, otherCA, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{
+		"ALTER SYSTEM SET ssl_cert_file = '" + certFile + "'",
+		"ALTER SYSTEM SET ssl_key_file = '" + keyFile + "'",
+		"ALTER SYSTEM SET ssl = on",
+		"SELECT pg_reload_conf()",
+	} {
+		if _, err := admin.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, s := range []string{"ALTER SYSTEM RESET ssl", "ALTER SYSTEM RESET ssl_cert_file", "ALTER SYSTEM RESET ssl_key_file", "SELECT pg_reload_conf()"} {
+			if _, err := admin.Exec(context.Background(), s); err != nil {
+				t.Logf("%s: %v", s, err)
+			}
+		}
+		_ = os.Remove(certFile)
+		_ = os.Remove(keyFile)
+	})
+
+	password := "Pw-" + randomHex(8)
+	role, roleURL := passwordRole(t, password)
+	schema := "sec_" + randomHex(4)
+	if err := ownSchema(ctx, admin, schema, role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	withTLS := func(ca string) string {
+		u := *roleURL
+		u.User = url.UserPassword(role, password)
+		q := u.Query()
+		q.Set("sslmode", "verify-full")
+		q.Set("sslrootcert", ca)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	// The reload is asynchronous: wait for the server to offer TLS.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		t.Setenv("DATABASE_URL", withTLS(caFile))
+		_, errOut, err := runCLI(ctx, "migrate", "--schema", schema)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("migrate over verified TLS: %v\n%s", err, errOut)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Setenv("DATABASE_URL", withTLS(otherCAFile))
+	out, errOut, err := runCLI(ctx, "migrate", "--schema", schema)
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("a server certificate from an unknown CA was accepted or not named: %v", err)
+	}
+	if err != nil {
+		assertNoSecret(t, []string{password}, "TLS failure", err.Error(), out, errOut)
+	}
+}
+
+// testCertificates returns a new CA and a server certificate it signed for
+// 127.0.0.1 and localhost, in PEM.
+func testCertificates(t *testing.T) (caPEM, certPEM, keyPEM []byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "outbox test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
