@@ -346,3 +346,31 @@ func TestRetryReleasesABackingOffEvent(t *testing.T) {
 		t.Fatalf("claim after Retry got %v, want both events", got)
 	}
 }
+
+// An operator's view of what does not go out, and the two ways to unblock
+// an aggregate held by a permanent failure.
+func ExampleStore_Stuck() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		return
+	}
+	defer pool.Close()
+	st, err := store.New(pool, store.Config{}, nil)
+	if err != nil {
+		return
+	}
+	stuck, err := st.Stuck(ctx, store.StuckQuery{OlderThan: 5 * time.Minute})
+	if err != nil {
+		return
+	}
+	for _, e := range stuck {
+		switch {
+		case e.Held && strings.Contains(e.LastError, "no topic route"):
+			// After adding the routing rule:
+			_, _ = st.Retry(ctx, store.Selector{IDs: []int64{e.ID}})
+		case e.Held:
+			_, _ = st.Park(ctx, store.Selector{IDs: []int64{e.ID}}, "rejected by the broker: "+e.LastError)
+		}
+	}
+}
