@@ -16,6 +16,10 @@ type Backoff struct {
 func (b Backoff) Delay(attempt int) time.Duration {
 	d := b.Min
 	for i := 0; i < attempt && d < b.Max; i++ {
+		if d > b.Max/2 {
+			d = b.Max // doubling would pass Max, or overflow
+			break
+		}
 		d *= 2
 	}
 	if d > b.Max {

@@ -38,21 +38,24 @@ type Options struct {
 }
 
 func (o Options) withDefaults() (Options, error) {
+	// A Backoff is either unset (the default) or has 0 < Min <= Max: with
+	// a zero Min every retry would come at once.
+	badBackoff := func(b Backoff) bool { return b != (Backoff{}) && (b.Min <= 0 || b.Max < b.Min) }
 	checks := []struct {
-		name string
-		bad  bool
+		name, want string
+		bad        bool
 	}{
-		{"BatchSize", o.BatchSize < 0},
-		{"Lanes", o.Lanes < 0},
-		{"PollInterval", o.PollInterval < 0},
-		{"PublishTimeout", o.PublishTimeout < 0},
-		{"ShutdownTimeout", o.ShutdownTimeout < 0},
-		{"RetryBackoff", o.RetryBackoff.Min < 0 || o.RetryBackoff.Max < o.RetryBackoff.Min},
-		{"ErrorBackoff", o.ErrorBackoff.Min < 0 || o.ErrorBackoff.Max < o.ErrorBackoff.Min},
+		{"BatchSize", "not negative", o.BatchSize < 0},
+		{"Lanes", "not negative", o.Lanes < 0},
+		{"PollInterval", "not negative", o.PollInterval < 0},
+		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
+		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
+		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
+		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
 	}
 	for _, c := range checks {
 		if c.bad {
-			return o, fmt.Errorf("relay options: %s is invalid", c.name)
+			return o, fmt.Errorf("relay options: %s is invalid, want %s", c.name, c.want)
 		}
 	}
 	def := func(v *int, d int) {
