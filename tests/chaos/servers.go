@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -46,6 +47,9 @@ func StartServers(ctx context.Context, root, dir string, rabbit bool) (*Servers,
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = root
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// A group of its own: a signal to ours must not stop the script before
+	// its cleanup; it ends when its input closes, as when we die.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = append(withoutTestVars(os.Environ()), "OUTBOX_SERVICES_ENV="+envFile)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -151,8 +155,16 @@ func (s *Servers) StartPostgres() error {
 	if err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}
-	// The file holds the binary and its quoted arguments on one line.
+	// The file holds the binary and its quoted arguments on one line,
+	// among them the data directory, which pg_ctl adds again.
 	_, args, _ := strings.Cut(strings.TrimSpace(string(opts)), " ")
+	for {
+		rest, ok := strings.CutPrefix(args, `"-D" "`+s.pgData+`"`)
+		if !ok {
+			break
+		}
+		args = strings.TrimSpace(rest)
+	}
 	logFile := filepath.Join(filepath.Dir(s.pgData), "pgsock", "pg.log")
 	out, err := asPostgres(filepath.Join(s.pgBin, "pg_ctl"), "-D", s.pgData, "start", "-w", "-t", "120", "-l", logFile, "-o", args).CombinedOutput()
 	if err != nil {

@@ -56,10 +56,12 @@ func run() int {
 	}
 	failed := false
 	for _, broker := range strings.Split(*brokerList, ",") {
+		// Faults are spread over the production, each taking about 6s.
 		produceFor := time.Duration(*events / max(1, *rate) * int(time.Second))
+		gap := max(3*time.Second, produceFor/time.Duration(max(1, len(faults)))-6*time.Second)
 		rep, err := chaos.Run(ctx, chaos.Options{
 			Root: root, Broker: broker, Events: *events, Relays: *relays, Producers: 8,
-			Aggregates: 2000, ProduceFor: produceFor, Faults: faults, FaultGap: 3 * time.Second,
+			Aggregates: 2000, ProduceFor: produceFor, Faults: faults, FaultGap: gap,
 			DrainTimeout: 5 * time.Minute, Logger: log,
 		})
 		if err != nil {
