@@ -52,6 +52,14 @@ type Claim interface {
 	Release(ctx context.Context) error
 }
 
+// Truncated is an optional Claim capability: Truncated reports that the
+// store found a full batch of candidates but left some out because other
+// relays hold earlier events of their aggregates. Work is waiting, so the
+// relay comes back after a short pause instead of its poll interval.
+type Truncated interface {
+	Truncated() bool
+}
+
 // Failure is a failed publish to record against an event.
 type Failure struct {
 	ID     int64

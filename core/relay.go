@@ -232,7 +232,7 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 	failures := 0
 	for !r.stopping() && ctx.Err() == nil {
-		full, err := r.cycle(ctx)
+		next, err := r.cycle(ctx)
 		if err != nil {
 			failures++
 			wait := r.opts.ErrorBackoff.Delay(failures - 1)
@@ -243,14 +243,32 @@ func (r *Relay) loop(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		if full {
+		wait := r.opts.PollInterval
+		switch next {
+		case again:
 			continue
+		case soon:
+			wait = min(wait, contendedPause)
 		}
-		if !r.sleep(ctx, r.opts.PollInterval, true) {
+		if !r.sleep(ctx, wait, true) {
 			return
 		}
 	}
 }
+
+// pace says when the loop should claim next.
+type pace int
+
+const (
+	idle  pace = iota // caught up: wait for a wake-up or the poll interval
+	again             // a full batch: more is waiting, claim at once
+	soon              // the store held events back for other relays' claims
+)
+
+// contendedPause is the wait after a claim the store cut short because
+// other relays held earlier events of the same aggregates: long enough not
+// to spin on their locks, short next to a batch's publish time.
+const contendedPause = 20 * time.Millisecond
 
 // sleep waits d, or less when woken (if wakeable); false means stop.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool {
@@ -271,24 +289,31 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool 
 	return true
 }
 
-// cycle claims, publishes and records one batch. full reports a batch of
-// BatchSize events, a sign that more are waiting.
-func (r *Relay) cycle(ctx context.Context) (full bool, err error) {
+// cycle claims, publishes and records one batch, and says when to claim
+// next.
+func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	start := time.Now()
 	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered})
 	if err != nil {
 		r.obs.Errored("claim", err)
-		return false, fmt.Errorf("claim batch: %w", err)
+		return idle, fmt.Errorf("claim batch: %w", err)
 	}
 	events := claim.Events()
 	r.obs.Claimed(len(events), time.Since(start))
+	next = idle
+	switch {
+	case len(events) >= r.opts.BatchSize:
+		next = again
+	case isTruncated(claim):
+		next = soon
+	}
 	if len(events) == 0 {
 		if err := claim.Release(ctx); err != nil {
 			r.obs.Errored("release", err)
-			return false, fmt.Errorf("release empty claim: %w", err)
+			return idle, fmt.Errorf("release empty claim: %w", err)
 		}
 		r.progress.Store(time.Now().UnixNano())
-		return false, nil
+		return next, nil
 	}
 
 	done, failed := r.publishBatch(ctx, events)
@@ -304,16 +329,21 @@ func (r *Relay) cycle(ctx context.Context) (full bool, err error) {
 	start = time.Now()
 	if err := claim.Complete(rctx, done, failed); err != nil {
 		r.obs.Errored("complete", err)
-		return false, fmt.Errorf("complete batch of %d: %w", len(events), err)
+		return idle, fmt.Errorf("complete batch of %d: %w", len(events), err)
 	}
 	r.obs.Completed(len(done), len(failed), time.Since(start))
 	r.progress.Store(time.Now().UnixNano())
 	if len(done) == 0 && len(failed) > 0 {
 		// Nothing went out: the broker is likely down. Back off the loop
 		// rather than hammering the broker and the database.
-		return false, fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason)
+		return idle, fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason)
 	}
-	return len(events) >= r.opts.BatchSize, nil
+	return next, nil
+}
+
+func isTruncated(c Claim) bool {
+	t, ok := c.(Truncated)
+	return ok && t.Truncated()
 }
 
 type outcome struct {

@@ -70,11 +70,10 @@ WITH held AS (
     ) AS first_out
     FROM (SELECT DISTINCT aggregate_id FROM cand) a
 )
-SELECT ` + cols + `
+SELECT ` + cols + `, g.first_out IS NULL OR c.id < g.first_out
 FROM cand c
 JOIN gate g ON g.aggregate_id = c.aggregate_id
 JOIN ` + n.Outbox + ` o ON o.id = c.id
-WHERE g.first_out IS NULL OR c.id < g.first_out
 ORDER BY o.id`
 	unordered := `
 WITH cand AS (
@@ -85,7 +84,7 @@ WITH cand AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-SELECT ` + cols + `
+SELECT ` + cols + `, true
 FROM cand c JOIN ` + n.Outbox + ` o ON o.id = c.id
 ORDER BY o.id`
 	return &Store{
@@ -131,13 +130,21 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
+	// Every candidate comes back with whether the gate lets it through; the
+	// others stay locked, unpublished, until the claim ends.
 	events := make([]core.Event, 0, req.Limit)
+	gated := false
 	for rows.Next() {
 		var e core.Event
-		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &e.Headers, &e.CreatedAt, &e.Attempts); err != nil {
+		var pass bool
+		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &e.Headers, &e.CreatedAt, &e.Attempts, &pass); err != nil {
 			rows.Close()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
+		}
+		if !pass {
+			gated = true
+			continue
 		}
 		events = append(events, e)
 	}
@@ -150,18 +157,22 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		if err := tx.Rollback(ctx); err != nil {
 			return nil, fmt.Errorf("end empty claim: %w", err)
 		}
-		return &claim{s: s}, nil
+		return &claim{s: s, gated: gated}, nil
 	}
-	return &claim{s: s, tx: tx, events: events}, nil
+	return &claim{s: s, tx: tx, events: events, gated: gated}, nil
 }
 
 type claim struct {
 	s      *Store
 	tx     pgx.Tx
 	events []core.Event
+	gated  bool // some candidates wait for other relays' claims
 }
 
 func (c *claim) Events() []core.Event { return c.events }
+
+// Truncated implements core.Truncated.
+func (c *claim) Truncated() bool { return c.gated }
 
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	if c.tx == nil {
