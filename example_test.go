@@ -1,0 +1,47 @@
+package outbox_test
+
+import (
+	"context"
+	"log"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox"
+)
+
+// Write the event in the same transaction as the business change: both
+// commit, or neither does.
+func ExampleWriter_Write() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	w, err := outbox.NewWriter(outbox.WriterOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	type OrderPlaced struct {
+		OrderID string `json:"order_id"`
+		Total   int    `json:"total_cents"`
+	}
+	orderID := "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 4200); err != nil {
+			return err
+		}
+		// An error here rolls back the order too.
+		return w.Write(ctx, tx, outbox.Message{
+			AggregateID: orderID,
+			Type:        "order.placed",
+			Payload:     OrderPlaced{OrderID: orderID, Total: 4200},
+		})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
