@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -333,9 +334,10 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	}
 	r.obs.Completed(len(done), len(failed), time.Since(start))
 	r.progress.Store(time.Now().UnixNano())
-	if len(done) == 0 && len(failed) > 0 {
-		// Nothing went out: the broker is likely down. Back off the loop
-		// rather than hammering the broker and the database.
+	// Nothing went out and the broker gave transient errors: it is likely
+	// down. Back off the loop rather than hammering the broker and the
+	// database. Held events alone (zero RetryAt) mean the broker answered.
+	if len(done) == 0 && slices.ContainsFunc(failed, func(f Failure) bool { return !f.RetryAt.IsZero() }) {
 		return idle, fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason)
 	}
 	return next, nil

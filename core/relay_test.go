@@ -566,3 +566,26 @@ func TestBackoffDelay(t *testing.T) {
 		}
 	}
 }
+
+// A batch whose only events the broker rejected for good shows that the
+// broker is up: the loop must not back off as if it were down.
+func TestPermanentRejectionIsNotBrokerDown(t *testing.T) {
+	s := memstore.New()
+	poison := s.Add(core.Event{AggregateID: "x", Type: "too.large"})[0]
+	var published log
+	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
+		if e.Type == "too.large" {
+			return core.Permanent(errors.New("message too large"))
+		}
+		published.add(e)
+		return nil
+	})
+	r := startRelay(t, s, pub, core.Options{
+		PollInterval: time.Hour,
+		ErrorBackoff: core.Backoff{Min: time.Hour, Max: time.Hour},
+	})
+	waitFor(t, "the poison event to be held", func() bool { return s.Held(poison) })
+	id := s.Add(core.Event{AggregateID: "y", Type: "fine"})[0]
+	r.Wake()
+	waitFor(t, "the next event to be published", func() bool { return published.has(id) })
+}
