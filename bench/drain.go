@@ -340,7 +340,7 @@ SELECT gen_random_uuid()::text, $1::json, $2::json` + insertExtra + ` FROM gener
 	}
 	cancel()
 	<-ran
-	r := rate{Name: name, Events: got, Elapsed: elapsed, Note: "components/forwarder over watermill-sql v4, batch 100 (default)"}
+	r := rate{Name: name, Events: got, Elapsed: elapsed, Note: fmt.Sprintf("components/forwarder over watermill-sql v4, batch 100 (default), %d rows per producer transaction", wmRowsPerTx)}
 	if got < int64(n) {
 		r.Note += fmt.Sprintf("; stopped after %s with %d of %d drained", limit, got, n)
 	}

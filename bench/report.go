@@ -324,7 +324,7 @@ func (r *report) markdown(w io.Writer, chart string) {
 		e.When.Format("2006-01-02 15:04 UTC"), r.Finished.Sub(r.Started).Round(time.Second))
 	fmt.Fprintf(w, "Every figure, ratio and the chart below come from that one run against one PostgreSQL server. "+
 		"Absolute numbers move from machine to machine; the ratios, taken pair by pair within the run, are what to compare. "+
-		"Rerun it with `make bench` (about 15 minutes) or `make bench-quick` (small sizes, about two minutes).\n\n")
+		"Rerun it with `make bench` (about 10 minutes on 2 cores) or `make bench-quick` (small sizes, about two minutes).\n\n")
 	fmt.Fprintf(w, "![Drain throughput](%s)\n\n", chart)
 	fmt.Fprintf(w, "## Machine\n\n")
 	fmt.Fprintf(w, "| | |\n|---|---|\n")
