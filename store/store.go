@@ -132,7 +132,9 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	}
 	// Every candidate comes back with whether the gate lets it through; the
 	// others stay locked, unpublished, until the claim ends.
-	events := make([]core.Event, 0, req.Limit)
+	// Limit comes from the caller: a negative one must reach PostgreSQL as
+	// an error, a huge one must not allocate up front.
+	events := make([]core.Event, 0, min(max(req.Limit, 0), 1000))
 	gated := false
 	for rows.Next() {
 		var e core.Event

@@ -496,3 +496,28 @@ func TestPing(t *testing.T) {
 		t.Fatal("ping on a closed pool succeeded")
 	}
 }
+
+// Claim sizes its result from the request; odd limits must give an error or
+// an empty claim, never a panic or a huge allocation.
+func TestClaimOddLimits(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	if err := in.Produce(ctx, []core.Event{{AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.s.Claim(ctx, core.ClaimRequest{Limit: -1}); err == nil {
+		t.Fatal("a negative limit was accepted")
+	}
+	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1 << 40})
+	if err != nil || len(c.Events()) != 1 {
+		t.Fatalf("claim with a huge limit: %v", err)
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err = in.s.Claim(ctx, core.ClaimRequest{Limit: 0})
+	if err != nil || len(c.Events()) != 0 {
+		t.Fatalf("claim with limit 0: %v, %d events", err, len(c.Events()))
+	}
+}
