@@ -38,7 +38,10 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := cfg.names()
-	cols := "o.id, o.uid::text, o.aggregate_id::text, o.type, o.payload, o.headers, o.created_at, o.attempts"
+	// Candidates carry every column the relay needs, so no statement reads a
+	// row twice.
+	cols := "id, uid::text, aggregate_id, type, payload, headers, created_at, attempts"
+	pending := `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
 	// retry. Then, per aggregate in the claim, the first pending event the
@@ -52,9 +55,8 @@ WITH held AS (
     SELECT DISTINCT aggregate_id FROM ` + n.Outbox + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
 ), cand AS (
-    SELECT id, aggregate_id FROM ` + n.Outbox + `
-    WHERE dispatched_at IS NULL AND parked_at IS NULL
-      AND (retry_at IS NULL OR retry_at <= now())
+    SELECT ` + cols + ` FROM ` + n.Outbox + `
+    WHERE ` + pending + `
       AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
     ORDER BY id
     LIMIT $1
@@ -70,23 +72,17 @@ WITH held AS (
     ) AS first_out
     FROM (SELECT DISTINCT aggregate_id FROM cand) a
 )
-SELECT ` + cols + `, g.first_out IS NULL OR c.id < g.first_out
-FROM cand c
-JOIN gate g ON g.aggregate_id = c.aggregate_id
-JOIN ` + n.Outbox + ` o ON o.id = c.id
-ORDER BY o.id`
+SELECT c.id, c.uid, c.aggregate_id::text, c.type, c.payload, c.headers, c.created_at, c.attempts,
+       g.first_out IS NULL OR c.id < g.first_out
+FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id
+ORDER BY c.id`
 	unordered := `
-WITH cand AS (
-    SELECT id FROM ` + n.Outbox + `
-    WHERE dispatched_at IS NULL AND parked_at IS NULL
-      AND (retry_at IS NULL OR retry_at <= now())
-    ORDER BY id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-SELECT ` + cols + `, true
-FROM cand c JOIN ` + n.Outbox + ` o ON o.id = c.id
-ORDER BY o.id`
+SELECT id, uid::text, aggregate_id::text, type, payload, headers, created_at, attempts, true
+FROM ` + n.Outbox + `
+WHERE ` + pending + `
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
 	return &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
 		claimOrdered:   ordered,
