@@ -55,6 +55,7 @@ type StoreConfig struct {
 type RelayConfig struct {
 	BatchSize       int           `koanf:"batch_size"`
 	Lanes           int           `koanf:"lanes"`
+	Claimers        int           `koanf:"claimers"`
 	PollInterval    time.Duration `koanf:"poll_interval"`
 	PublishTimeout  time.Duration `koanf:"publish_timeout"`
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
@@ -116,7 +117,7 @@ func Defaults() Config {
 		Brokers: map[string]any{},
 		Routing: brokers.Routing{Types: map[string]string{}, Prefixes: map[string]string{}},
 		Relay: RelayConfig{
-			BatchSize: 500, Lanes: 16, PollInterval: time.Second, PublishTimeout: 30 * time.Second,
+			BatchSize: 500, Lanes: 16, Claimers: 2, PollInterval: time.Second, PublishTimeout: 30 * time.Second,
 			ShutdownTimeout: 30 * time.Second, Wakeups: true,
 			RetryMin: 500 * time.Millisecond, RetryMax: time.Minute,
 		},
@@ -160,6 +161,12 @@ func (c *Config) Validate() error {
 	if r.Lanes < 1 || r.Lanes > 1024 {
 		bad("relay.lanes", "%d is not between 1 and 1024", r.Lanes)
 	}
+	if r.Claimers < 1 || r.Claimers > 64 {
+		bad("relay.claimers", "%d is not between 1 and 64", r.Claimers)
+	}
+	if int(c.Database.MaxConns) < r.Claimers+2 {
+		bad("database.max_conns", "%d is too few: each of relay.claimers %d holds one during a batch, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
+	}
 	for _, d := range []struct {
 		field string
 		v     time.Duration
@@ -173,9 +180,6 @@ func (c *Config) Validate() error {
 	}
 	if r.RetryMax < r.RetryMin {
 		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
-	}
-	if c.Database.MaxConns < 2 {
-		bad("database.max_conns", "%d is less than 2", c.Database.MaxConns)
 	}
 	if c.Database.IdleInTransactionTimeout < 0 {
 		bad("database.idle_in_transaction_timeout", "is negative")
@@ -223,7 +227,7 @@ func (c *Config) StoreConfig() store.Config {
 func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options {
 	r := c.Relay
 	return core.Options{
-		BatchSize: r.BatchSize, Lanes: r.Lanes, PollInterval: r.PollInterval,
+		BatchSize: r.BatchSize, Lanes: r.Lanes, Claimers: r.Claimers, PollInterval: r.PollInterval,
 		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
 		Unordered: r.Unordered, DisableWakeups: !r.Wakeups,
 		RetryBackoff: core.Backoff{Min: r.RetryMin, Max: r.RetryMax},

@@ -15,8 +15,12 @@ import (
 // Options configure a Relay. The zero value is valid: every unset field
 // takes the default named in its comment.
 type Options struct {
-	BatchSize      int           // events per claim; default 500
-	Lanes          int           // concurrent publishes per batch; default 16
+	BatchSize int // events per claim; default 500
+	Lanes     int // concurrent publishes per batch; default 16
+	// Claimers is how many claim loops run side by side, each with its own
+	// batch and lanes, as replicas do: one publishes while another waits on
+	// the database. Default 1.
+	Claimers       int
 	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
 	PublishTimeout time.Duration // bound on one publish; default 30s
 	// ShutdownTimeout bounds how long Run waits for the in-flight batch
@@ -48,6 +52,7 @@ func (o Options) withDefaults() (Options, error) {
 	}{
 		{"BatchSize", "not negative", o.BatchSize < 0},
 		{"Lanes", "not negative", o.Lanes < 0},
+		{"Claimers", "not negative", o.Claimers < 0},
 		{"PollInterval", "not negative", o.PollInterval < 0},
 		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
 		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
@@ -71,6 +76,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	def(&o.BatchSize, 500)
 	def(&o.Lanes, 16)
+	def(&o.Claimers, 1)
 	defDur(&o.PollInterval, time.Second)
 	defDur(&o.PublishTimeout, 30*time.Second)
 	defDur(&o.ShutdownTimeout, 30*time.Second)
@@ -231,6 +237,18 @@ func (r *Relay) loop(ctx context.Context) {
 		}()
 		defer func() { cancel(); <-listening }()
 	}
+	var wg sync.WaitGroup
+	for range r.opts.Claimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.claimLoop(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Relay) claimLoop(ctx context.Context) {
 	failures := 0
 	for !r.stopping() && ctx.Err() == nil {
 		next, err := r.cycle(ctx)
@@ -247,6 +265,9 @@ func (r *Relay) loop(ctx context.Context) {
 		wait := r.opts.PollInterval
 		switch next {
 		case again:
+			if r.opts.Claimers > 1 {
+				r.Wake() // a backlog: bring an idle sibling in
+			}
 			continue
 		case soon:
 			wait = min(wait, contendedPause)

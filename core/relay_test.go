@@ -106,6 +106,17 @@ func addInterleaved(s *memstore.Store, aggregates, perAggregate int) map[int64]s
 }
 
 func TestLanesKeepAggregateOrder(t *testing.T) {
+	checkAggregateOrder(t, core.Options{BatchSize: 100, Lanes: 8, PollInterval: time.Millisecond})
+}
+
+// Claim loops in one relay share the work as replicas do, and the gate
+// keeps each aggregate's events in order between them.
+func TestClaimersKeepAggregateOrder(t *testing.T) {
+	checkAggregateOrder(t, core.Options{BatchSize: 20, Lanes: 4, Claimers: 4, PollInterval: time.Millisecond})
+}
+
+func checkAggregateOrder(t *testing.T, o core.Options) {
+	t.Helper()
 	s := memstore.New()
 	aggOf := addInterleaved(s, 20, 30)
 	var (
@@ -133,7 +144,7 @@ func TestLanesKeepAggregateOrder(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	startRelay(t, s, pub, core.Options{BatchSize: 100, Lanes: 8, PollInterval: time.Millisecond})
+	startRelay(t, s, pub, o)
 	waitFor(t, "every event to be published", drained(s))
 
 	last := make(map[string]int64)
