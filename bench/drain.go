@@ -88,7 +88,7 @@ func waitCount(ctx context.Context, count func() int64, target int64, limit time
 
 func (b *bench) relayOptions(unordered bool, obs core.Observer) core.Options {
 	return core.Options{
-		BatchSize: b.cfg.BatchSize, Lanes: b.cfg.Lanes, Unordered: unordered,
+		BatchSize: b.cfg.BatchSize, Lanes: b.cfg.Lanes, Claimers: b.cfg.Claimers, Unordered: unordered,
 		Logger: b.log.With("component", "relay"), Observer: obs,
 	}
 }

@@ -35,6 +35,7 @@ type config struct {
 	PayloadBytes int           // size of each generated payload
 	BatchSize    int           // relay and floor batch size
 	Lanes        int           // relay lanes
+	Claimers     int           // relay claim loops
 	DrainCap     time.Duration // upper bound on one drain
 	Repeat       int           // rounds of the drain comparison; the best counts
 	BigDrainCap  time.Duration // upper bound on the large-backlog drain
@@ -52,7 +53,7 @@ type config struct {
 func defaults(quick bool) config {
 	c := config{
 		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000,
-		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16,
+		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16, Claimers: 2,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
 	}
@@ -87,6 +88,7 @@ func main() {
 	fs.IntVar(&c.PayloadBytes, "payload", c.PayloadBytes, "bytes per generated payload")
 	fs.IntVar(&c.BatchSize, "batch", c.BatchSize, "relay and floor batch size (relay option BatchSize)")
 	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "relay option Lanes")
+	fs.IntVar(&c.Claimers, "claimers", c.Claimers, "relay option Claimers (the binary's relay.claimers, default 2)")
 	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
 	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")

@@ -337,9 +337,9 @@ func (r *report) markdown(w io.Writer, chart string) {
 	}
 	fmt.Fprintf(w, "%s.\n\n", strings.Join(s, ", "))
 	c := r.Config
-	fmt.Fprintf(w, "Run settings: batch %d, %d lanes, %d aggregates, payloads of about %d bytes, drains capped at %s. "+
+	fmt.Fprintf(w, "Run settings: batch %d, %d lanes, %d claim loops, %d aggregates, payloads of about %d bytes, drains capped at %s. "+
 		"The relay is the production `core.Relay` over `store.Store`, configured only through its public options.\n\n",
-		c.BatchSize, c.Lanes, c.Aggregates, c.PayloadBytes, c.DrainCap)
+		c.BatchSize, c.Lanes, c.Claimers, c.Aggregates, c.PayloadBytes, c.DrainCap)
 	for _, t := range r.tables() {
 		fmt.Fprintf(w, "## %s\n\n", t.Title)
 		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(t.Head, " | "), strings.Repeat("---|", len(t.Head)))

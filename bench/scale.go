@@ -73,7 +73,7 @@ func (b *bench) backlogRun(ctx context.Context, n int) (backlogRow, error) {
 	}
 	cmd := exec.CommandContext(ctx, exe, childCommand,
 		"-database", b.cfg.DatabaseURL, "-schema", cfg.Schema, "-events", strconv.Itoa(n),
-		"-limit", limit.String(), "-batch", strconv.Itoa(b.cfg.BatchSize), "-lanes", strconv.Itoa(b.cfg.Lanes))
+		"-limit", limit.String(), "-batch", strconv.Itoa(b.cfg.BatchSize), "-lanes", strconv.Itoa(b.cfg.Lanes), "-claimers", strconv.Itoa(b.cfg.Claimers))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -168,6 +168,7 @@ func runChild(args []string) int {
 	limit := fs.Duration("limit", time.Minute, "upper bound on the drain")
 	batch := fs.Int("batch", 0, "relay BatchSize")
 	lanes := fs.Int("lanes", 0, "relay Lanes")
+	claimers := fs.Int("claimers", 0, "relay Claimers")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "relay process:", err); return 1 }
@@ -203,7 +204,7 @@ func runChild(args []string) int {
 		return fail(err)
 	}
 	obs := &drainObserver{}
-	relay, err := core.New(st, &counter{}, core.Options{BatchSize: *batch, Lanes: *lanes, Observer: obs})
+	relay, err := core.New(st, &counter{}, core.Options{BatchSize: *batch, Lanes: *lanes, Claimers: *claimers, Observer: obs})
 	if err != nil {
 		return fail(err)
 	}
