@@ -81,8 +81,18 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]int, error)
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
-		setup := "CREATE SCHEMA IF NOT EXISTS " + n.Schema + ";" +
-			"CREATE TABLE IF NOT EXISTS " + n.Migrations +
+		// CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when
+		// the schema exists, so a role given only a schema can still migrate.
+		var haveSchema bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", cfg.Schema).Scan(&haveSchema); err != nil {
+			return fmt.Errorf("look up schema: %w", err)
+		}
+		if !haveSchema {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+n.Schema); err != nil {
+				return fmt.Errorf("create schema: %w", err)
+			}
+		}
+		setup := "CREATE TABLE IF NOT EXISTS " + n.Migrations +
 			" (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
 		if _, err := tx.Exec(ctx, setup); err != nil {
 			return fmt.Errorf("create migrations table: %w", err)

@@ -1,5 +1,4 @@
--- The outbox and the consumer dedupe table.
-CREATE SCHEMA IF NOT EXISTS {{.Schema}};
+-- The outbox and the consumer dedupe table. Migrate creates the schema.
 
 CREATE TABLE {{.Outbox}} (
     id            BIGSERIAL PRIMARY KEY,
