@@ -16,6 +16,10 @@ test:
 build:
 	$(GO) build -o bin/outbox ./cmd/outbox
 
+# The seed corpora run in `make test`; this explores beyond them.
+fuzz:
+	$(SERVICES) --no-rabbitmq scripts/fuzz.sh
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
