@@ -180,7 +180,7 @@ type replayJSON struct {
 
 func replayCmd() *cobra.Command {
 	var (
-		sel           store.ReplaySelector
+		sel           store.Selector
 		after, before string
 		batch         int
 		dryRun        bool

@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Operations over the whole outbox: the queries behind `outbox status`,
@@ -130,92 +126,6 @@ GROUP BY 1 ORDER BY 1`, app)
 	return out, nil
 }
 
-// ReplaySelector names dispatched events to send again. Set fields are
-// combined with AND; at least one must be set.
-type ReplaySelector struct {
-	FromID, ToID  int64     // inclusive row id range; 0 leaves that end open
-	Type          string    // exact event type
-	AggregateID   string    // a UUID
-	CreatedAfter  time.Time // created at or after; zero leaves it open
-	CreatedBefore time.Time // created before; zero leaves it open
-}
-
-// String describes the selector for logs and messages.
-func (sel ReplaySelector) String() string {
-	var parts []string
-	switch {
-	case sel.FromID > 0 && sel.ToID > 0:
-		parts = append(parts, fmt.Sprintf("ids %d..%d", sel.FromID, sel.ToID))
-	case sel.FromID > 0:
-		parts = append(parts, fmt.Sprintf("ids from %d", sel.FromID))
-	case sel.ToID > 0:
-		parts = append(parts, fmt.Sprintf("ids up to %d", sel.ToID))
-	}
-	if sel.Type != "" {
-		parts = append(parts, "type "+strconv.Quote(sel.Type))
-	}
-	if sel.AggregateID != "" {
-		parts = append(parts, "aggregate "+sel.AggregateID)
-	}
-	if !sel.CreatedAfter.IsZero() {
-		parts = append(parts, "created from "+sel.CreatedAfter.UTC().Format(time.RFC3339))
-	}
-	if !sel.CreatedBefore.IsZero() {
-		parts = append(parts, "created before "+sel.CreatedBefore.UTC().Format(time.RFC3339))
-	}
-	if len(parts) == 0 {
-		return "nothing"
-	}
-	return strings.Join(parts, " and ")
-}
-
-// where returns SQL conditions on the outbox's columns; parameters are
-// numbered from $first.
-func (sel ReplaySelector) where(first int) (string, []any, error) {
-	var (
-		conds []string
-		args  []any
-	)
-	param := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(first+len(args)-1)
-	}
-	switch {
-	case sel.FromID < 0 || sel.ToID < 0:
-		return "", nil, errors.New("replay selector: ids must be positive")
-	case sel.ToID > 0 && sel.ToID < sel.FromID:
-		return "", nil, fmt.Errorf("replay selector: id range %d..%d is empty", sel.FromID, sel.ToID)
-	case !sel.CreatedAfter.IsZero() && !sel.CreatedBefore.IsZero() && !sel.CreatedBefore.After(sel.CreatedAfter):
-		return "", nil, errors.New("replay selector: created-before is not after created-after")
-	}
-	if sel.FromID > 0 {
-		conds = append(conds, "id >= "+param(sel.FromID))
-	}
-	if sel.ToID > 0 {
-		conds = append(conds, "id <= "+param(sel.ToID))
-	}
-	if sel.Type != "" {
-		conds = append(conds, "type = "+param(sel.Type))
-	}
-	if sel.AggregateID != "" {
-		agg, err := uuid.Parse(sel.AggregateID)
-		if err != nil {
-			return "", nil, fmt.Errorf("replay selector: aggregate id %q is not a UUID", sel.AggregateID)
-		}
-		conds = append(conds, "aggregate_id = "+param(agg.String())+"::uuid")
-	}
-	if !sel.CreatedAfter.IsZero() {
-		conds = append(conds, "created_at >= "+param(sel.CreatedAfter))
-	}
-	if !sel.CreatedBefore.IsZero() {
-		conds = append(conds, "created_at < "+param(sel.CreatedBefore))
-	}
-	if len(conds) == 0 {
-		return "", nil, errors.New("replay selector is empty: name an id range, a type, an aggregate or a time range")
-	}
-	return strings.Join(conds, " AND "), args, nil
-}
-
 // ReplayOptions tune Replay.
 type ReplayOptions struct {
 	BatchSize int  // events per transaction; default 1000
@@ -231,14 +141,14 @@ type ReplayOptions struct {
 // are left alone. It works in batches of one short transaction each, in id
 // order, and returns how many events it replayed (or would, with DryRun).
 // Cancelling ctx stops it between batches; what it replayed stays replayed.
-func (s *Store) Replay(ctx context.Context, sel ReplaySelector, opts ReplayOptions) (int64, error) {
+func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (int64, error) {
 	if opts.BatchSize < 0 {
 		return 0, fmt.Errorf("replay events: BatchSize %d is negative", opts.BatchSize)
 	}
 	if opts.BatchSize == 0 {
 		opts.BatchSize = 1000
 	}
-	cond, args, err := sel.where(3)
+	cond, args, err := sel.where("", 3)
 	if err != nil {
 		return 0, fmt.Errorf("replay events: %w", err)
 	}

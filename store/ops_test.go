@@ -315,7 +315,7 @@ func TestReplayIsDedupedByConsumer(t *testing.T) {
 		t.Fatalf("first run delivered %d, want 5", c.delivered.Load())
 	}
 
-	n, err := st.Replay(ctx, store.ReplaySelector{Type: "order.placed"}, store.ReplayOptions{DryRun: true})
+	n, err := st.Replay(ctx, store.Selector{Type: "order.placed"}, store.ReplayOptions{DryRun: true})
 	if err != nil || n != 3 {
 		t.Fatalf("dry-run replay = %d, %v; want 3", n, err)
 	}
@@ -323,7 +323,7 @@ func TestReplayIsDedupedByConsumer(t *testing.T) {
 		t.Fatal("dry run made events pending")
 	}
 	var seen []int64
-	n, err = st.Replay(ctx, store.ReplaySelector{Type: "order.placed"},
+	n, err = st.Replay(ctx, store.Selector{Type: "order.placed"},
 		store.ReplayOptions{BatchSize: 2, Progress: func(total int64) { seen = append(seen, total) }})
 	if err != nil || n != 3 {
 		t.Fatalf("replay = %d, %v; want 3", n, err)
@@ -361,15 +361,15 @@ func TestReplaySelectors(t *testing.T) {
 	now := time.Now()
 	cases := []struct {
 		name string
-		sel  store.ReplaySelector
+		sel  store.Selector
 		want int64
 	}{
-		{"id range", store.ReplaySelector{FromID: ids[1], ToID: ids[4]}, 2},
-		{"from id", store.ReplaySelector{FromID: ids[2]}, 1},
-		{"aggregate", store.ReplaySelector{AggregateID: agg}, 2},
-		{"created window", store.ReplaySelector{CreatedAfter: now.Add(-150 * time.Minute), CreatedBefore: now.Add(-10 * time.Minute)}, 2},
-		{"aggregate and window", store.ReplaySelector{AggregateID: agg, CreatedBefore: now.Add(-150 * time.Minute)}, 1},
-		{"no match", store.ReplaySelector{Type: "nothing.here"}, 0},
+		{"id range", store.Selector{FromID: ids[1], ToID: ids[4]}, 2},
+		{"from id", store.Selector{FromID: ids[2]}, 1},
+		{"aggregate", store.Selector{AggregateID: agg}, 2},
+		{"created window", store.Selector{CreatedAfter: now.Add(-150 * time.Minute), CreatedBefore: now.Add(-10 * time.Minute)}, 2},
+		{"aggregate and window", store.Selector{AggregateID: agg, CreatedBefore: now.Add(-150 * time.Minute)}, 1},
+		{"no match", store.Selector{Type: "nothing.here"}, 0},
 	}
 	for _, c := range cases {
 		n, err := st.Replay(ctx, c.sel, store.ReplayOptions{DryRun: true})
@@ -377,13 +377,13 @@ func TestReplaySelectors(t *testing.T) {
 			t.Errorf("%s (%s): %d, %v; want %d", c.name, c.sel, n, err, c.want)
 		}
 	}
-	for _, bad := range []store.ReplaySelector{{}, {FromID: 5, ToID: 2}, {AggregateID: "x"}, {FromID: -1},
+	for _, bad := range []store.Selector{{}, {FromID: 5, ToID: 2}, {AggregateID: "x"}, {FromID: -1},
 		{CreatedAfter: now, CreatedBefore: now.Add(-time.Hour)}} {
 		if _, err := st.Replay(ctx, bad, store.ReplayOptions{}); err == nil {
 			t.Errorf("Replay(%+v) accepted a bad selector", bad)
 		}
 	}
-	n, err := st.Replay(ctx, store.ReplaySelector{AggregateID: agg}, store.ReplayOptions{})
+	n, err := st.Replay(ctx, store.Selector{AggregateID: agg}, store.ReplayOptions{})
 	if err != nil || n != 2 {
 		t.Fatalf("replay aggregate = %d, %v", n, err)
 	}

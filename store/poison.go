@@ -2,13 +2,11 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -144,79 +142,6 @@ LIMIT $2`
 	return out, nil
 }
 
-// Selector names the events an operator command acts on. Set fields are
-// combined with AND; at least one must be set, so that no command acts on
-// every event by accident.
-type Selector struct {
-	IDs         []int64 // outbox row ids; at most MaxSelected
-	AggregateID string  // a UUID
-	Type        string  // exact event type
-}
-
-// String describes the selector for logs and error messages.
-func (sel Selector) String() string {
-	var parts []string
-	if len(sel.IDs) > 0 {
-		ids := make([]string, 0, min(len(sel.IDs), 10))
-		for i, id := range sel.IDs {
-			if i == 10 {
-				ids = append(ids, fmt.Sprintf("... %d in all", len(sel.IDs)))
-				break
-			}
-			ids = append(ids, strconv.FormatInt(id, 10))
-		}
-		parts = append(parts, "ids "+strings.Join(ids, ","))
-	}
-	if sel.AggregateID != "" {
-		parts = append(parts, "aggregate "+sel.AggregateID)
-	}
-	if sel.Type != "" {
-		parts = append(parts, "type "+strconv.Quote(sel.Type))
-	}
-	if len(parts) == 0 {
-		return "nothing"
-	}
-	return strings.Join(parts, " and ")
-}
-
-// where turns the selector into SQL conditions on alias o, numbering its
-// parameters after the first `next-1`.
-func (sel Selector) where(next int) (string, []any, error) {
-	var (
-		conds []string
-		args  []any
-	)
-	param := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(next+len(args)-1)
-	}
-	if len(sel.IDs) > 0 {
-		if len(sel.IDs) > MaxSelected {
-			return "", nil, fmt.Errorf("selector: %d ids, over the maximum of %d", len(sel.IDs), MaxSelected)
-		}
-		for _, id := range sel.IDs {
-			if id <= 0 {
-				return "", nil, fmt.Errorf("selector: id %d is not a valid event id", id)
-			}
-		}
-		conds = append(conds, "o.id = ANY("+param(sel.IDs)+"::bigint[])")
-	}
-	if sel.AggregateID != "" {
-		agg, err := uuid.Parse(sel.AggregateID)
-		if err != nil {
-			return "", nil, fmt.Errorf("selector: aggregate id %q is not a UUID", sel.AggregateID)
-		}
-		conds = append(conds, "o.aggregate_id = "+param(agg.String())+"::uuid")
-	}
-	if sel.Type != "" {
-		conds = append(conds, "o.type = "+param(sel.Type))
-	}
-	if len(conds) == 0 {
-		return "", nil, errors.New("selector is empty: name event ids, an aggregate id or a type")
-	}
-	return strings.Join(conds, " AND "), args, nil
-}
-
 // Retry makes failed events that are waiting (held by a permanent failure
 // or backing off after a transient one) available to the relay now. Use it
 // after fixing what made them fail, such as a routing rule. It returns how
@@ -269,7 +194,7 @@ func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
 // a relay's claim to end instead of deadlocking with it; a row the relay
 // dispatched meanwhile no longer matches and is left alone.
 func (s *Store) update(ctx context.Context, sel Selector, state, set string, setArgs ...any) (int64, error) {
-	cond, args, err := sel.where(len(setArgs) + 2)
+	cond, args, err := sel.where("o", len(setArgs)+2)
 	if err != nil {
 		return 0, err
 	}

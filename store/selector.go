@@ -1,0 +1,126 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Selector names the events an operator command (replay, retry, park,
+// unpark) acts on. Set fields are combined with AND; at least one must be
+// set, so that no command acts on every event by accident.
+type Selector struct {
+	IDs           []int64   // outbox row ids; at most MaxSelected
+	FromID, ToID  int64     // inclusive row id range; 0 leaves that end open
+	AggregateID   string    // a UUID
+	Type          string    // exact event type
+	CreatedAfter  time.Time // created at or after; zero leaves it open
+	CreatedBefore time.Time // created before; zero leaves it open
+}
+
+// String describes the selector for logs and messages.
+func (sel Selector) String() string {
+	var parts []string
+	if len(sel.IDs) > 0 {
+		ids := make([]string, 0, min(len(sel.IDs), 10))
+		for i, id := range sel.IDs {
+			if i == 10 {
+				ids = append(ids, fmt.Sprintf("... %d in all", len(sel.IDs)))
+				break
+			}
+			ids = append(ids, strconv.FormatInt(id, 10))
+		}
+		parts = append(parts, "ids "+strings.Join(ids, ","))
+	}
+	switch {
+	case sel.FromID > 0 && sel.ToID > 0:
+		parts = append(parts, fmt.Sprintf("ids %d..%d", sel.FromID, sel.ToID))
+	case sel.FromID > 0:
+		parts = append(parts, fmt.Sprintf("ids from %d", sel.FromID))
+	case sel.ToID > 0:
+		parts = append(parts, fmt.Sprintf("ids up to %d", sel.ToID))
+	}
+	if sel.AggregateID != "" {
+		parts = append(parts, "aggregate "+sel.AggregateID)
+	}
+	if sel.Type != "" {
+		parts = append(parts, "type "+strconv.Quote(sel.Type))
+	}
+	if !sel.CreatedAfter.IsZero() {
+		parts = append(parts, "created from "+sel.CreatedAfter.UTC().Format(time.RFC3339))
+	}
+	if !sel.CreatedBefore.IsZero() {
+		parts = append(parts, "created before "+sel.CreatedBefore.UTC().Format(time.RFC3339))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, " and ")
+}
+
+// where returns SQL conditions on the outbox's columns (qualified by alias
+// when set) and their arguments, numbered from $next.
+func (sel Selector) where(alias string, next int) (string, []any, error) {
+	var (
+		conds []string
+		args  []any
+	)
+	col := func(c string) string {
+		if alias == "" {
+			return c
+		}
+		return alias + "." + c
+	}
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(next+len(args)-1)
+	}
+	switch {
+	case len(sel.IDs) > MaxSelected:
+		return "", nil, fmt.Errorf("selector: %d ids, over the maximum of %d", len(sel.IDs), MaxSelected)
+	case sel.FromID < 0 || sel.ToID < 0:
+		return "", nil, errors.New("selector: ids must be positive")
+	case sel.ToID > 0 && sel.ToID < sel.FromID:
+		return "", nil, fmt.Errorf("selector: id range %d..%d is empty", sel.FromID, sel.ToID)
+	case !sel.CreatedAfter.IsZero() && !sel.CreatedBefore.IsZero() && !sel.CreatedBefore.After(sel.CreatedAfter):
+		return "", nil, errors.New("selector: created-before is not after created-after")
+	}
+	if len(sel.IDs) > 0 {
+		for _, id := range sel.IDs {
+			if id <= 0 {
+				return "", nil, fmt.Errorf("selector: id %d is not a valid event id", id)
+			}
+		}
+		conds = append(conds, col("id")+" = ANY("+param(sel.IDs)+"::bigint[])")
+	}
+	if sel.FromID > 0 {
+		conds = append(conds, col("id")+" >= "+param(sel.FromID))
+	}
+	if sel.ToID > 0 {
+		conds = append(conds, col("id")+" <= "+param(sel.ToID))
+	}
+	if sel.AggregateID != "" {
+		agg, err := uuid.Parse(sel.AggregateID)
+		if err != nil {
+			return "", nil, fmt.Errorf("selector: aggregate id %q is not a UUID", sel.AggregateID)
+		}
+		conds = append(conds, col("aggregate_id")+" = "+param(agg.String())+"::uuid")
+	}
+	if sel.Type != "" {
+		conds = append(conds, col("type")+" = "+param(sel.Type))
+	}
+	if !sel.CreatedAfter.IsZero() {
+		conds = append(conds, col("created_at")+" >= "+param(sel.CreatedAfter))
+	}
+	if !sel.CreatedBefore.IsZero() {
+		conds = append(conds, col("created_at")+" < "+param(sel.CreatedBefore))
+	}
+	if len(conds) == 0 {
+		return "", nil, errors.New("selector is empty: name event ids, an id range, an aggregate, a type or a time range")
+	}
+	return strings.Join(conds, " AND "), args, nil
+}
