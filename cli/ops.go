@@ -180,11 +180,11 @@ type replayJSON struct {
 
 func replayCmd() *cobra.Command {
 	var (
-		sel           store.Selector
-		after, before string
-		batch         int
-		dryRun        bool
-		asJSON        bool
+		sel        store.Selector
+		parseTimes func() error
+		batch      int
+		dryRun     bool
+		asJSON     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -197,11 +197,7 @@ func replayCmd() *cobra.Command {
 			"  outbox replay --aggregate 0b9c6f0e-4a57-4a4e-9d0e-1b5b3c7f6a10 --created-after 36h",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if sel.CreatedAfter, err = parseWhen("created-after", after); err != nil {
-				return err
-			}
-			if sel.CreatedBefore, err = parseWhen("created-before", before); err != nil {
+			if err := parseTimes(); err != nil {
 				return err
 			}
 			if batch < 1 || batch > 100000 {
@@ -230,13 +226,8 @@ func replayCmd() *cobra.Command {
 			})
 		},
 	}
+	parseTimes = selectorFlags(cmd, &sel)
 	f := cmd.Flags()
-	f.Int64Var(&sel.FromID, "from-id", 0, "first event id of the range")
-	f.Int64Var(&sel.ToID, "to-id", 0, "last event id of the range (inclusive)")
-	f.StringVar(&sel.Type, "type", "", "exact event type")
-	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
-	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")
-	f.StringVar(&before, "created-before", "", "created before: RFC 3339 time or a duration ago")
 	f.IntVar(&batch, "batch", 1000, "events per transaction")
 	f.BoolVar(&dryRun, "dry-run", false, "count the events, change nothing")
 	f.BoolVar(&asJSON, "json", false, "print JSON")

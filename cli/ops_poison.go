@@ -126,12 +126,26 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-// selectorFlags declares --id, --aggregate and --type.
-func selectorFlags(cmd *cobra.Command, sel *store.Selector) {
+// selectorFlags declares the flags of a store.Selector on cmd. The returned
+// function fills in the time range once the flags are parsed.
+func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() error) {
+	var after, before string
 	f := cmd.Flags()
 	f.Int64SliceVar(&sel.IDs, "id", nil, "event ids (repeat or separate with commas)")
+	f.Int64Var(&sel.FromID, "from-id", 0, "first event id of a range")
+	f.Int64Var(&sel.ToID, "to-id", 0, "last event id of a range (inclusive)")
 	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
 	f.StringVar(&sel.Type, "type", "", "exact event type")
+	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")
+	f.StringVar(&before, "created-before", "", "created before: RFC 3339 time or a duration ago")
+	return func() error {
+		var err error
+		if sel.CreatedAfter, err = parseWhen("created-after", after); err != nil {
+			return err
+		}
+		sel.CreatedBefore, err = parseWhen("created-before", before)
+		return err
+	}
 }
 
 type countJSON struct {
@@ -142,15 +156,19 @@ type countJSON struct {
 // poisonCmd builds retry, park and unpark, which differ in the store call.
 func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.Store, sel store.Selector, reason string) (int64, error)) *cobra.Command {
 	var (
-		sel    store.Selector
-		reason string
-		asJSON bool
+		sel        store.Selector
+		parseTimes func() error
+		reason     string
+		asJSON     bool
 	)
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := parseTimes(); err != nil {
+				return err
+			}
 			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *env, st *store.Store) error {
 				n, err := run(ctx, st, sel, reason)
 				if err != nil {
@@ -167,7 +185,7 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 			})
 		},
 	}
-	selectorFlags(cmd, &sel)
+	parseTimes = selectorFlags(cmd, &sel)
 	if use == "park" {
 		cmd.Flags().StringVar(&reason, "reason", "", "why the events are set aside (required)")
 	}
