@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,19 +25,7 @@ type Store struct {
 
 	claimOrdered, claimUnordered string
 	markDone, markFailed         string
-
-	// floor is where claims start their scan of pending ids while the
-	// relay drains full batches: below it the pending index holds the
-	// entries of rows just dispatched, which PostgreSQL walks until VACUUM
-	// removes them. Pending rows below the floor (a claim released by a
-	// crashed relay, a late commit) wait for the next reset: after any
-	// claim that was not full, and at least every floorReset.
-	floor     atomic.Int64
-	floorFrom atomic.Int64 // unix nanos when floor last left zero
 }
-
-// floorReset bounds how long a pending event below the floor waits.
-const floorReset = time.Second
 
 // New returns a Store over pool. The schema must have been migrated.
 // log may be nil.
@@ -69,7 +56,7 @@ WITH held AS (
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
 ), cand AS (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + ` AND id >= $2
+    WHERE ` + pending + `
       AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
     ORDER BY id
     LIMIT $1
@@ -92,7 +79,7 @@ ORDER BY c.id`
 	unordered := `
 SELECT id, uid::text, aggregate_id::text, type, payload, headers, created_at, attempts, true
 FROM ` + n.Outbox + `
-WHERE ` + pending + ` AND id >= $2
+WHERE ` + pending + `
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
@@ -134,13 +121,11 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	if err != nil {
 		return nil, fmt.Errorf("begin claim: %w", err)
 	}
-	rows, err := tx.Query(ctx, q, req.Limit, s.scanFrom())
+	rows, err := tx.Query(ctx, q, req.Limit)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
-	var candidates int
-	var lowest int64
 	// Every candidate comes back with whether the gate lets it through; the
 	// others stay locked, unpublished, until the claim ends.
 	// Limit comes from the caller: a negative one must reach PostgreSQL as
@@ -155,10 +140,6 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
 		}
-		if candidates == 0 {
-			lowest = e.ID
-		}
-		candidates++
 		if !pass {
 			gated = true
 			continue
@@ -169,7 +150,6 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
-	s.moveFloor(candidates >= req.Limit, lowest)
 	if len(events) == 0 {
 		// Hold no transaction for an empty claim.
 		if err := tx.Rollback(ctx); err != nil {
@@ -178,33 +158,6 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		return &claim{s: s, gated: gated}, nil
 	}
 	return &claim{s: s, tx: tx, events: events, gated: gated}, nil
-}
-
-// scanFrom returns the id claims start from: the floor, or 0 once it has
-// stood for floorReset.
-func (s *Store) scanFrom() int64 {
-	f := s.floor.Load()
-	if f > 0 && time.Since(time.Unix(0, s.floorFrom.Load())) > floorReset {
-		s.floor.Store(0)
-		return 0
-	}
-	return f
-}
-
-// moveFloor raises the floor to the lowest candidate of a full claim
-// (everything pending below it was passed over, held by other claims) and
-// drops it after a claim that was not full: the backlog is read to its end.
-func (s *Store) moveFloor(full bool, lowest int64) {
-	if !full {
-		s.floor.Store(0)
-		return
-	}
-	if s.floor.Load() == 0 {
-		s.floorFrom.Store(time.Now().UnixNano())
-	}
-	if lowest > s.floor.Load() {
-		s.floor.Store(lowest)
-	}
 }
 
 type claim struct {
