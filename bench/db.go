@@ -188,30 +188,37 @@ func procField(path, key string) string {
 	return ""
 }
 
-// sqlRecorder is a pgx tracer that keeps the text of the statements a
-// component sends, so the bench can EXPLAIN exactly what the store runs.
+// sqlRecorder is a pgx tracer that keeps the statements a component sends
+// with their arguments, so the bench can EXPLAIN exactly what the store
+// runs.
 type sqlRecorder struct {
 	mu   sync.Mutex
-	seen []string
+	seen []recorded
+}
+
+type recorded struct {
+	sql  string
+	args []any
 }
 
 func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.mu.Lock()
-	r.seen = append(r.seen, d.SQL)
+	r.seen = append(r.seen, recorded{d.SQL, d.Args})
 	r.mu.Unlock()
 	return ctx
 }
 
 func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// find returns the first recorded statement containing substr.
-func (r *sqlRecorder) find(substr string) string {
+// find returns the first recorded statement containing substr, and the
+// arguments it was sent with.
+func (r *sqlRecorder) find(substr string) (string, []any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.seen {
-		if strings.Contains(s, substr) {
-			return s
+		if strings.Contains(s.sql, substr) {
+			return s.sql, s.args
 		}
 	}
-	return ""
+	return "", nil
 }

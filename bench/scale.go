@@ -114,7 +114,7 @@ func (b *bench) explainClaim(ctx context.Context, cfg store.Config) (float64, er
 	if err := c.Release(ctx); err != nil {
 		return 0, fmt.Errorf("release: %w", err)
 	}
-	q := recorder.find("SKIP LOCKED")
+	q, args := recorder.find("SKIP LOCKED")
 	if q == "" {
 		return 0, fmt.Errorf("claim statement not seen")
 	}
@@ -123,7 +123,7 @@ func (b *bench) explainClaim(ctx context.Context, cfg store.Config) (float64, er
 		return 0, fmt.Errorf("begin explain: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+q, b.cfg.BatchSize)
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("explain claim: %w", err)
 	}
