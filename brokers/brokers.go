@@ -54,6 +54,19 @@ func Register(name string, f Factory) {
 	factories[name] = f
 }
 
+// RegisterSettings registers a publisher configured by the struct S: its
+// factory decodes the broker's section into S and calls open, which checks
+// the settings and connects.
+func RegisterSettings[S any](name string, open func(ctx context.Context, s S, topics *Routing, log *slog.Logger) (core.Publisher, error)) {
+	Register(name, func(ctx context.Context, p Params) (core.Publisher, error) {
+		var s S
+		if err := p.Config.Decode(&s); err != nil {
+			return nil, fmt.Errorf("%s settings: %w", name, err)
+		}
+		return open(ctx, s, p.Topics, p.Logger)
+	})
+}
+
 // Names lists the registered publishers, sorted.
 func Names() []string {
 	mu.RLock()

@@ -117,6 +117,25 @@ func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 	return pool, nil
 }
 
+// openStore connects, checks that the schema is migrated and returns the
+// store; closing st.Pool() releases it.
+func (e *env) openStore(ctx context.Context, appName string) (*store.Store, error) {
+	pool, err := e.openPool(ctx, appName)
+	if err != nil {
+		return nil, err
+	}
+	if err := store.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
 func migrateCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",

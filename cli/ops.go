@@ -32,18 +32,11 @@ func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, 
 		return err
 	}
 	ctx := cmd.Context()
-	pool, err := e.openPool(ctx, appName)
+	st, err := e.openStore(ctx, appName)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := store.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
-		return err
-	}
-	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
-	if err != nil {
-		return err
-	}
+	defer st.Pool().Close()
 	return fn(ctx, e, st)
 }
 

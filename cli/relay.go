@@ -39,18 +39,11 @@ var publisherWraps []func(e *env, pub core.Publisher) (core.Publisher, error)
 func (e *env) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
 	host, _ := os.Hostname()
-	pool, err := e.openPool(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
+	st, err := e.openStore(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := store.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
-		return err
-	}
-	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
-	if err != nil {
-		return err
-	}
+	defer st.Pool().Close()
 	pub, err := brokers.Open(ctx, e.cfg.Broker, brokers.Params{
 		Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
 	})

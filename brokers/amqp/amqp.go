@@ -29,15 +29,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() {
-	brokers.Register("amqp", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
-		var s Settings
-		if err := p.Config.Decode(&s); err != nil {
-			return nil, fmt.Errorf("amqp settings: %w", err)
-		}
-		return New(ctx, s, p.Topics, p.Logger)
-	})
-}
+func init() { brokers.RegisterSettings("amqp", New) }
 
 // Settings configure the AMQP publisher; keys are those of the
 // brokers.amqp configuration section (environment: OUTBOX_BROKERS_AMQP_<KEY>).

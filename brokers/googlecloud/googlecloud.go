@@ -30,15 +30,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() {
-	brokers.Register("googlecloud", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
-		var s Settings
-		if err := p.Config.Decode(&s); err != nil {
-			return nil, fmt.Errorf("googlecloud settings: %w", err)
-		}
-		return New(ctx, s, p.Topics, p.Logger)
-	})
-}
+func init() { brokers.RegisterSettings("googlecloud", New) }
 
 // Settings configure the Pub/Sub publisher; keys are those of the
 // brokers.googlecloud configuration section (environment:

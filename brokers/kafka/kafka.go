@@ -22,15 +22,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() {
-	brokers.Register("kafka", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
-		var s Settings
-		if err := p.Config.Decode(&s); err != nil {
-			return nil, fmt.Errorf("kafka settings: %w", err)
-		}
-		return New(ctx, s, p.Topics, p.Logger)
-	})
-}
+func init() { brokers.RegisterSettings("kafka", New) }
 
 // Settings configure the Kafka publisher; keys are those of the
 // brokers.kafka configuration section (environment: OUTBOX_BROKERS_KAFKA_<KEY>).
