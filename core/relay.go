@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"slices"
 	"sync"
@@ -455,8 +454,13 @@ func (r *Relay) runLane(ctx context.Context, events []Event, idx []int, results 
 	}
 }
 
+// laneOf hashes the aggregate id with FNV-1a, inline so the batch loop
+// does not allocate a hasher per event.
 func laneOf(aggregateID string, lanes int) int {
-	h := fnv.New32a()
-	h.Write([]byte(aggregateID))
-	return int(h.Sum32() % uint32(lanes))
+	h := uint32(2166136261)
+	for i := 0; i < len(aggregateID); i++ {
+		h ^= uint32(aggregateID[i])
+		h *= 16777619
+	}
+	return int(h % uint32(lanes))
 }
