@@ -28,11 +28,11 @@ lint:
 # rewrites docs/benchmarks.md, its chart and figures; `bench-quick` runs
 # small sizes and only prints.
 bench:
-	$(GO) build -o bin/outbox-bench ./bench
+	$(GO) build -o bin/outbox-bench ./cmd/outbox-bench
 	$(SERVICES) bin/outbox-bench -out docs/benchmarks.md
 
 bench-quick:
-	$(GO) build -o bin/outbox-bench ./bench
+	$(GO) build -o bin/outbox-bench ./cmd/outbox-bench
 	$(SERVICES) bin/outbox-bench -quick
 
 chaos:

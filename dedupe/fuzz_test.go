@@ -13,7 +13,7 @@ import (
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/internal/pgtest"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // FuzzEventID checks that EventID either returns the header exactly, as an

@@ -10,4 +10,4 @@
 # Usage: scripts/chaos.sh [-brokers amqp,kafka] [-events N] [-repeat N] [-v]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec go run ./tests/chaos/cmd/chaos "$@"
+exec go run ./cmd/outbox-chaos "$@"

@@ -18,7 +18,7 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/internal/pgtest"
+	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxhq/outbox/internal/pgtest"
+	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
 )
 

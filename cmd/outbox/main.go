@@ -11,9 +11,9 @@ import (
 	_ "github.com/outboxhq/outbox/brokers/googlecloud"
 	_ "github.com/outboxhq/outbox/brokers/kafka"
 	_ "github.com/outboxhq/outbox/brokers/stdout"
-	"github.com/outboxhq/outbox/cli"
+	"github.com/outboxhq/outbox/cmd/outbox/outboxcli"
 )
 
 func main() {
-	os.Exit(cli.Main(context.Background(), os.Args[1:]))
+	os.Exit(outboxcli.Main(context.Background(), os.Args[1:]))
 }

@@ -1,0 +1,185 @@
+// Command outbox-bench measures the relay against the same PostgreSQL it runs
+// on: drain throughput next to a bare-SQL floor and Watermill's forwarder,
+// commit-to-publish latency, the producer's cost of writing an event,
+// broker throughput, and scale (replicas, backlog size, memory). Ratios
+// are taken pair by pair within one run, since absolute figures move
+// between machines. It prints a table and, with -out, writes a Markdown
+// report and an SVG chart generated from the same numbers.
+//
+// `make bench` runs it against a throwaway server; `make bench-quick` runs
+// a small version.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"syscall"
+	"time"
+)
+
+// config holds every size and duration of a run.
+type config struct {
+	DatabaseURL string
+	Quick       bool
+
+	Backlog      int           // drain backlog
+	SmallBacklog int           // scale: the small backlog
+	BigBacklog   int           // scale: the large backlog
+	ReplicaLoad  int           // scale: backlog shared by replicas
+	Aggregates   int           // distinct aggregate ids in generated backlogs
+	PayloadBytes int           // size of each generated payload
+	BatchSize    int           // relay and floor batch size
+	Lanes        int           // relay lanes
+	Claimers     int           // relay claim loops
+	DrainCap     time.Duration // upper bound on one drain
+	Repeat       int           // rounds of the drain comparison; the best counts
+	BigDrainCap  time.Duration // upper bound on the large-backlog drain
+	LatencyRun   time.Duration // length of one fixed-rate latency run
+	ProducerRun  time.Duration // length of one producer throughput run
+	BrokerEvents int           // events per broker run
+
+	Out        string // Markdown report; empty: print only
+	Chart      string // SVG chart; default: next to Out
+	CPUProfile string
+	Only       string // run one section: drain, latency, producer, brokers, scale
+	Render     string // re-render the report from this JSON file instead of measuring
+}
+
+func defaults(quick bool) config {
+	c := config{
+		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000,
+		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16, Claimers: 2,
+		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
+		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
+	}
+	if quick {
+		c.Backlog, c.SmallBacklog, c.BigBacklog, c.ReplicaLoad = 20_000, 5_000, 200_000, 20_000
+		c.Aggregates = 1000
+		c.DrainCap, c.BigDrainCap, c.Repeat = 15*time.Second, 10*time.Second, 1
+		c.LatencyRun, c.ProducerRun, c.BrokerEvents = 2*time.Second, 2*time.Second, 5_000
+	}
+	return c
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == childCommand {
+		os.Exit(runChild(os.Args[2:]))
+	}
+	quick := false
+	for _, a := range os.Args[1:] {
+		if a == "-quick" || a == "--quick" || a == "-quick=true" {
+			quick = true
+		}
+	}
+	c := defaults(quick)
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	fs.BoolVar(&c.Quick, "quick", quick, "small sizes: a run of about two minutes")
+	fs.StringVar(&c.DatabaseURL, "database", envURL(), "PostgreSQL URL (default $OUTBOX_TEST_DATABASE_URL or $DATABASE_URL)")
+	fs.IntVar(&c.Backlog, "backlog", c.Backlog, "events in the drain backlog")
+	fs.IntVar(&c.SmallBacklog, "small-backlog", c.SmallBacklog, "scale: small backlog")
+	fs.IntVar(&c.BigBacklog, "big-backlog", c.BigBacklog, "scale: large backlog")
+	fs.IntVar(&c.ReplicaLoad, "replica-backlog", c.ReplicaLoad, "scale: backlog drained by 1, 2 and 4 replicas")
+	fs.IntVar(&c.Aggregates, "aggregates", c.Aggregates, "distinct aggregate ids in generated backlogs")
+	fs.IntVar(&c.PayloadBytes, "payload", c.PayloadBytes, "bytes per generated payload")
+	fs.IntVar(&c.BatchSize, "batch", c.BatchSize, "relay and floor batch size (relay option BatchSize)")
+	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "relay option Lanes")
+	fs.IntVar(&c.Claimers, "claimers", c.Claimers, "relay option Claimers (the binary's relay.claimers, default 2)")
+	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
+	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
+	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")
+	fs.DurationVar(&c.LatencyRun, "latency-run", c.LatencyRun, "length of one fixed-rate latency run")
+	fs.DurationVar(&c.ProducerRun, "producer-run", c.ProducerRun, "length of one producer throughput run")
+	fs.IntVar(&c.BrokerEvents, "broker-events", c.BrokerEvents, "events per broker run")
+	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
+	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
+	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, producer, brokers or scale")
+	fs.StringVar(&c.Render, "render", "", "write -out again from the figures saved beside an earlier report (its .json)")
+	_ = fs.Parse(os.Args[1:])
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if c.Render != "" {
+		if err := rerender(c); err != nil {
+			log.Error("render failed", "error", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if c.DatabaseURL == "" {
+		log.Error("no database: set OUTBOX_TEST_DATABASE_URL or -database, or run `make bench`")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			log.Error("create profile", "error", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Error("start profile", "error", err)
+			os.Exit(1)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	if err := run(ctx, c, log); err != nil {
+		log.Error("bench failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func envURL() string {
+	if u := os.Getenv("OUTBOX_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return os.Getenv("DATABASE_URL")
+}
+
+func run(ctx context.Context, c config, log *slog.Logger) error {
+	b, err := newBench(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	rep := &report{Config: c, Started: time.Now()}
+	if rep.Env, err = b.environment(ctx); err != nil {
+		return err
+	}
+	sections := []struct {
+		name string
+		run  func(context.Context, *report) error
+	}{
+		{"drain", b.drainSection},
+		{"latency", b.latencySection},
+		{"producer", b.producerSection},
+		{"brokers", b.brokerSection},
+		{"scale", b.scaleSection},
+	}
+	for _, s := range sections {
+		if c.Only != "" && c.Only != s.name {
+			continue
+		}
+		start := time.Now()
+		log.Info("section", "name", s.name)
+		if err := s.run(ctx, rep); err != nil {
+			return fmt.Errorf("run %s: %w", s.name, err)
+		}
+		log.Info("section done", "name", s.name, "took", time.Since(start).Round(time.Second))
+	}
+	rep.Finished = time.Now()
+	rep.evaluate()
+	rep.printText(os.Stdout)
+	if c.Out != "" {
+		if err := rep.write(c.Out, c.Chart); err != nil {
+			return err
+		}
+		log.Info("report written", "path", c.Out)
+	}
+	return nil
+}

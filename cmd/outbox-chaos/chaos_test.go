@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// servers reports whether this machine runs the test servers; the run
+// starts its own, but skips where `make test` would not have started any.
+func servers(t *testing.T) {
+	t.Helper()
+	if os.Getenv("OUTBOX_TEST_DATABASE_URL") == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("OUTBOX_TEST_DATABASE_URL is not set; run the tests with `make test`")
+		}
+		t.Skip("OUTBOX_TEST_DATABASE_URL is not set; `make test` starts the servers")
+	}
+	if testing.Short() {
+		t.Skip("fault run skipped in -short mode")
+	}
+}
+
+// The short fault run: a few thousand events, three relays, every fault
+// kind once, RabbitMQ. It also runs the relays and the consumer under
+// least-privilege roles that log in with passwords.
+func TestFaultsRabbitMQ(t *testing.T) {
+	servers(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second})
+}
+
+// A shorter one against Kafka (kfake, in memory, so never restarted).
+func TestFaultsKafka(t *testing.T) {
+	servers(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	runShort(t, Options{Broker: "kafka", Events: 2000, ProduceFor: 15 * time.Second,
+		Faults: []string{KillRelay, PauseRelay, CrashPG}})
+}
+
+func runShort(t *testing.T, o Options) {
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	o.Root, o.Relays, o.Dir = root, 3, t.TempDir()
+	o.FaultGap, o.Outage, o.DrainTimeout = time.Second, 2*time.Second, 90*time.Second
+	o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Print(&b)
+	t.Logf("accounting:\n%s", b.String())
+	if err := rep.Err(); err != nil {
+		t.Error(err)
+	}
+	// The faults must have bitten, or the zeros above prove nothing.
+	if rep.Duplicates == 0 {
+		t.Error("no duplicates: the faults did not interrupt any relay mid-batch")
+	}
+	if rep.RelayExits == 0 || rep.FailedCycles == 0 {
+		t.Errorf("relay exits %d, failed cycles %d: the faults did not reach the relays", rep.RelayExits, rep.FailedCycles)
+	}
+	if rep.RolledBack == 0 {
+		t.Error("no transaction rolled back")
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var (
+		events     = flag.Int("events", envInt("OUTBOX_CHAOS_EVENTS", 100000), "committed events per broker (env OUTBOX_CHAOS_EVENTS)")
+		relays     = flag.Int("relays", 4, "relay processes, 2 to 4")
+		brokerList = flag.String("brokers", "amqp,kafka", "brokers to run against, in order")
+		repeat     = flag.Int("repeat", 4, "times each fault kind is applied")
+		faultList  = flag.String("faults", strings.Join(AllFaults, ","), "fault kinds")
+		rate       = flag.Int("rate", 400, "events per second the producers aim for")
+		verbose    = flag.Bool("v", false, "debug logging")
+	)
+	flag.Parse()
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	root, err := ModuleRoot()
+	if err != nil {
+		log.Error("chaos", "error", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	kinds := strings.Split(*faultList, ",")
+	var faults []string
+	for range *repeat {
+		faults = append(faults, kinds...)
+	}
+	failed := false
+	for _, broker := range strings.Split(*brokerList, ",") {
+		// Faults are spread over the production, each taking about 6s.
+		produceFor := time.Duration(*events / max(1, *rate) * int(time.Second))
+		gap := max(3*time.Second, produceFor/time.Duration(max(1, len(faults)))-6*time.Second)
+		rep, err := Run(ctx, Options{
+			Root: root, Broker: broker, Events: *events, Relays: *relays, Producers: 8,
+			Aggregates: 2000, ProduceFor: produceFor, Faults: faults, FaultGap: gap,
+			DrainTimeout: 5 * time.Minute, Logger: log,
+		})
+		if err != nil {
+			log.Error("chaos run failed", "broker", broker, "error", err)
+			return 2
+		}
+		fmt.Printf("\n== %s ==\n", broker)
+		rep.Print(os.Stdout)
+		if err := rep.Err(); err != nil {
+			fmt.Printf("FAILED:\n%v\n", err)
+			failed = true
+		} else {
+			fmt.Println("OK: nothing lost, nothing phantom, no order violation, no effect applied twice")
+		}
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+func envInt(name string, def int) int {
+	var n int
+	if _, err := fmt.Sscan(os.Getenv(name), &n); err != nil || n <= 0 {
+		return def
+	}
+	return n
+}

@@ -1,0 +1,593 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/dedupe"
+)
+
+// Fault kinds, in the order a run applies them by default.
+const (
+	KillRelay   = "kill-relay"     // SIGKILL one relay; it is restarted
+	PauseRelay  = "pause-relay"    // SIGSTOP one relay past its claim timeout, then SIGCONT
+	RestartMQ   = "restart-broker" // RabbitMQ stop_app, a few seconds down, start_app
+	RestartPG   = "restart-pg"     // PostgreSQL fast shutdown, a few seconds down, start
+	CrashPG     = "crash-pg"       // PostgreSQL immediate shutdown (crash recovery), start
+	KillAll     = "kill-all"       // SIGKILL every relay at once
+	topic       = "order"          // where "order.updated" is routed
+	claimWindow = 5 * time.Second  // idle_in_transaction_timeout given to the relays
+)
+
+// AllFaults are the fault kinds for RabbitMQ. Kafka runs on kfake, which
+// is in memory: restarting it would lose what it holds, so a Kafka run
+// leaves out RestartMQ.
+var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll}
+
+// Options configure a run. The zero value is a short run against RabbitMQ.
+type Options struct {
+	Root       string        // module root, holding scripts/ and cmd/; required
+	Broker     string        // "amqp" (default) or "kafka"
+	Events     int           // committed events to produce at least (more while faults last); default 3000
+	Relays     int           // relay processes, 2 to 4; default 3
+	Producers  int           // producer goroutines; default 4
+	Aggregates int           // default 300
+	ProduceFor time.Duration // spread production over this; default 25s
+	// Faults are applied one after another while producing, FaultGap
+	// apart; default AllFaults (less RestartMQ for Kafka).
+	Faults   []string
+	FaultGap time.Duration // default 2s
+	Outage   time.Duration // how long a server stays down; default 3s
+	// DrainTimeout bounds the wait, after production and faults, for the
+	// backlog to empty and every event to reach the checker; default 3m.
+	DrainTimeout time.Duration
+	Dir          string       // work directory (binary, logs); default a new temporary one
+	Logger       *slog.Logger // progress; default discard
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Root == "" {
+		return o, errors.New("chaos: Root is required")
+	}
+	if o.Broker == "" {
+		o.Broker = "amqp"
+	}
+	if o.Broker != "amqp" && o.Broker != "kafka" {
+		return o, fmt.Errorf("chaos: broker %q is not amqp or kafka", o.Broker)
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Events, 3000)
+	def(&o.Relays, 3)
+	def(&o.Producers, 4)
+	def(&o.Aggregates, 300)
+	if o.Relays < 2 || o.Relays > 4 {
+		return o, fmt.Errorf("chaos: Relays %d is not between 2 and 4", o.Relays)
+	}
+	if o.Events < 1 || o.Producers < 1 || o.Aggregates < 1 {
+		return o, errors.New("chaos: Events, Producers and Aggregates must be positive")
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur(&o.ProduceFor, 25*time.Second)
+	defDur(&o.FaultGap, 2*time.Second)
+	defDur(&o.Outage, 3*time.Second)
+	defDur(&o.DrainTimeout, 3*time.Minute)
+	if o.Faults == nil {
+		o.Faults = AllFaults
+	}
+	var faults []string
+	for _, f := range o.Faults {
+		switch f {
+		case KillRelay, PauseRelay, RestartPG, CrashPG, KillAll:
+		case RestartMQ:
+			if o.Broker == "kafka" {
+				continue // kfake is in memory; see AllFaults
+			}
+		default:
+			return o, fmt.Errorf("chaos: unknown fault %q", f)
+		}
+		faults = append(faults, f)
+	}
+	o.Faults = faults
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o, nil
+}
+
+// Report is the accounting of a run.
+type Report struct {
+	Broker       string
+	Relays       int
+	Elapsed      time.Duration
+	Faults       map[string]int
+	MidClaim     int // relay kills and pauses that caught the relay holding a claim
+	RelayExits   int // relay processes that ended (killed or failed) and were restarted
+	FailedCycles int // "relay cycle failed" log lines, all relays
+	// MaxFailedCyclesPerSecond is the most failed cycles one relay logged
+	// in one second: a relay that spins instead of backing off shows here.
+	MaxFailedCyclesPerSecond int
+
+	Committed           int // rows in the outbox
+	RolledBack          int // events written in transactions that rolled back
+	Delivered           int // distinct events the checker received
+	Receipts            int // messages the checker received
+	Lost                int // committed, never delivered
+	Phantom             int // delivered, never committed
+	RolledBackDelivered int // of those, events of rolled-back transactions
+	OrderViolations     int
+	Duplicates          int // Receipts - Delivered, before dedupe
+	Effects             int // events whose effect was applied
+	EffectsTwice        int // effects applied more than once (after dedupe)
+	NoIdentity          int // messages without event identity or sequence
+	BacklogAtEnd        int
+	ProducerRetries     int64
+	UncertainCommits    int64 // commits whose acknowledgement was lost
+	ConsumerRetries     int64
+	ConsumerReconnects  int64
+	Examples            []string
+}
+
+// Err says what is wrong with the figures, or nil.
+func (r *Report) Err() error {
+	var errs []error
+	check := func(name string, v, want int) {
+		if v != want {
+			errs = append(errs, fmt.Errorf("%s: %d, want %d", name, v, want))
+		}
+	}
+	check("lost", r.Lost, 0)
+	check("phantom", r.Phantom, 0)
+	check("order violations", r.OrderViolations, 0)
+	check("effects applied twice", r.EffectsTwice, 0)
+	check("events without effect", r.Committed-r.Effects, 0)
+	check("messages without identity", r.NoIdentity, 0)
+	check("backlog at end", r.BacklogAtEnd, 0)
+	if r.MaxFailedCyclesPerSecond > 20 {
+		errs = append(errs, fmt.Errorf("a relay failed %d cycles in one second: it does not back off", r.MaxFailedCyclesPerSecond))
+	}
+	return errors.Join(errs...)
+}
+
+// Print writes the accounting table.
+func (r *Report) Print(w io.Writer) {
+	var faults []string
+	for _, f := range AllFaults {
+		if n := r.Faults[f]; n > 0 {
+			faults = append(faults, fmt.Sprintf("%s x%d", f, n))
+		}
+	}
+	rows := []struct {
+		k string
+		v any
+	}{
+		{"broker", r.Broker},
+		{"relay processes", r.Relays},
+		{"elapsed", r.Elapsed.Round(time.Second)},
+		{"faults", strings.Join(faults, ", ")},
+		{"relay faults mid-claim", r.MidClaim},
+		{"relay restarts", r.RelayExits},
+		{"events committed", r.Committed},
+		{"events rolled back", r.RolledBack},
+		{"events delivered (unique)", r.Delivered},
+		{"messages received", r.Receipts},
+		{"lost", r.Lost},
+		{"delivered, never committed", fmt.Sprintf("%d (of rolled-back transactions: %d)", r.Phantom, r.RolledBackDelivered)},
+		{"order violations", r.OrderViolations},
+		{"duplicates before dedupe", r.Duplicates},
+		{"effects applied", r.Effects},
+		{"effects applied twice", r.EffectsTwice},
+		{"messages without identity", r.NoIdentity},
+		{"backlog at end", r.BacklogAtEnd},
+		{"failed relay cycles", fmt.Sprintf("%d (at most %d/s in one relay)", r.FailedCycles, r.MaxFailedCyclesPerSecond)},
+		{"producer retries", fmt.Sprintf("%d (commits unacknowledged: %d)", r.ProducerRetries, r.UncertainCommits)},
+		{"consumer retries", fmt.Sprintf("%d (reconnects: %d)", r.ConsumerRetries, r.ConsumerReconnects)},
+	}
+	for _, row := range rows {
+		fmt.Fprintf(w, "%-28s %v\n", row.k, row.v)
+	}
+	for _, e := range r.Examples {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
+}
+
+// Run starts private servers, relays, producers and the checker, applies
+// the faults, waits for the backlog to drain and returns the accounting.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	start := time.Now()
+	if o.Dir == "" {
+		dir, err := os.MkdirTemp("", "outbox-chaos-")
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		o.Dir = dir
+	}
+	// The servers' files must be reachable for the postgres user.
+	if err := os.Chmod(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	log.Info("building cmd/outbox")
+	bin, err := BuildRelay(ctx, o.Root, o.Dir, o.Broker)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("starting servers")
+	srv, err := StartServers(ctx, o.Root, o.Dir, o.Broker == "amqp")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	db, err := setupDatabase(ctx, srv.DatabaseURL, o.Aggregates)
+	if err != nil {
+		return nil, err
+	}
+	defer db.admin.Close()
+
+	relayEnv := []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + o.Dir,
+		"DATABASE_URL=" + db.relayURL,
+		"OUTBOX_BROKER=" + o.Broker,
+		"OUTBOX_STORE_SCHEMA=" + schema,
+		"OUTBOX_RELAY_BATCH_SIZE=200",
+		"OUTBOX_RELAY_PUBLISH_TIMEOUT=2s",
+		"OUTBOX_RELAY_POLL_INTERVAL=500ms",
+		"OUTBOX_RELAY_SHUTDOWN_TIMEOUT=10s",
+		"OUTBOX_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT=" + claimWindow.String(),
+		"OUTBOX_LOG_FORMAT=json",
+	}
+	chk := &checker{t: newTally(), log: log.With("part", "checker")}
+	consumerPool, err := pool(ctx, db.consumerURL, 4)
+	if err != nil {
+		return nil, err
+	}
+	defer consumerPool.Close()
+	if chk.d, err = dedupe.New(consumerPool, dedupe.Options{Consumer: "chaos-checker", Store: db.cfg}); err != nil {
+		return nil, err
+	}
+	cctx, stopConsumer := context.WithCancel(ctx)
+	var consumerDone sync.WaitGroup
+	defer func() { stopConsumer(); consumerDone.Wait() }()
+
+	switch o.Broker {
+	case "amqp":
+		relayEnv = append(relayEnv, "OUTBOX_BROKERS_AMQP_URL="+srv.AMQPURL)
+		if err := prepareQueue(srv.AMQPURL); err != nil {
+			return nil, err
+		}
+		consumerDone.Add(1)
+		go func() { defer consumerDone.Done(); chk.consumeAMQP(cctx, srv.AMQPURL, topic) }()
+	case "kafka":
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(8, topic))
+		if err != nil {
+			return nil, fmt.Errorf("start kfake: %w", err)
+		}
+		defer cluster.Close()
+		addrs := cluster.ListenAddrs()
+		relayEnv = append(relayEnv, "OUTBOX_BROKERS_KAFKA_BROKERS="+strings.Join(addrs, ","))
+		consumerDone.Add(1)
+		go func() {
+			defer consumerDone.Done()
+			if err := chk.consumeKafka(cctx, addrs, topic); err != nil {
+				log.Error("kafka consumer stopped", "error", err)
+			}
+		}()
+	}
+
+	rctx, stopRelays := context.WithCancel(ctx)
+	var relaysDone sync.WaitGroup
+	defer func() { stopRelays(); relaysDone.Wait() }()
+	slots := make([]*relaySlot, o.Relays)
+	for i := range slots {
+		slots[i] = newRelaySlot(i, bin, o.Dir, relayEnv, log)
+		relaysDone.Add(1)
+		go func() { defer relaysDone.Done(); slots[i].supervise(rctx) }()
+	}
+
+	producerPool, err := pool(ctx, db.producerURL, int32(o.Producers+2))
+	if err != nil {
+		return nil, err
+	}
+	defer producerPool.Close()
+	w, err := outbox.NewWriter(outbox.WriterOptions{Store: db.cfg})
+	if err != nil {
+		return nil, err
+	}
+	// Transactions average two events; a tenth roll back.
+	txs := float64(o.Events) / 2 / 0.9
+	prod := &producers{
+		pool: producerPool, w: w, aggregates: db.aggregates, target: int64(o.Events), rollback: 0.1,
+		interval: time.Duration(float64(o.ProduceFor) * float64(o.Producers) / txs),
+		log:      log.With("part", "producer"),
+		stats:    &producerStats{rolledBackUIDs: map[string]bool{}},
+	}
+	log.Info("producing", "events", o.Events, "over", o.ProduceFor, "relays", o.Relays, "broker", o.Broker)
+	// Production goes on until the faults are over, so every fault
+	// meets producers writing.
+	var faultsOver atomic.Bool
+	prod.more = func() bool { return !faultsOver.Load() }
+	pctx, stopProducers := context.WithCancel(ctx)
+	defer stopProducers()
+	produced := make(chan struct{})
+	go func() { defer close(produced); prod.run(pctx, o.Producers) }()
+
+	progressDone := make(chan struct{})
+	go func() { defer close(progressDone); progress(pctx, log, db, prod, chk) }()
+	defer func() { stopProducers(); <-progressDone }()
+
+	f := &faulter{prod: prod, db: db.admin, srv: srv, slots: slots, outage: o.Outage, log: log.With("part", "faults"), done: map[string]int{}}
+	err = f.apply(ctx, o.Faults, o.FaultGap)
+	faultsOver.Store(true)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-produced:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	log.Info("produced; draining", "committed", prod.stats.committed.Load())
+
+	// Drained: nothing pending and every committed event seen.
+	deadline := time.Now().Add(o.DrainTimeout)
+	backlog := -1
+	for {
+		committed, err1 := db.committedCount(ctx)
+		b, err2 := db.backlog(ctx)
+		if err1 == nil && err2 == nil {
+			backlog = b
+			if b == 0 && chk.t.unique() >= committed {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			log.Warn("drain timed out", "backlog", backlog, "delivered", chk.t.unique(), "committed", committed)
+			break
+		}
+		if !sleep(ctx, 250*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+	// Let late redeliveries in, so duplicates are counted, then stop.
+	sleep(ctx, time.Second)
+	stopRelays()
+	relaysDone.Wait()
+	stopConsumer()
+	consumerDone.Wait()
+
+	rep := &Report{Broker: o.Broker, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog}
+	for _, s := range slots {
+		rep.RelayExits += s.exitCount()
+		rep.FailedCycles += s.lines.failureCount()
+		rep.MaxFailedCyclesPerSecond = max(rep.MaxFailedCyclesPerSecond, s.lines.maxPerSecond())
+	}
+	committed, err := db.committedUIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.Committed = len(committed)
+	rep.RolledBack = int(prod.stats.rolledBack.Load())
+	rep.ProducerRetries = prod.stats.retries.Load()
+	rep.UncertainCommits = prod.stats.uncertain.Load()
+	rep.ConsumerRetries = chk.retries.Load()
+	rep.ConsumerReconnects = chk.reconnects.Load()
+	chk.t.account(rep, committed, prod.stats.rolledBackUIDs)
+	if rep.Effects, rep.EffectsTwice, err = db.effects(ctx); err != nil {
+		return nil, fmt.Errorf("count effects: %w", err)
+	}
+	if b, err := db.backlog(ctx); err == nil {
+		rep.BacklogAtEnd = b
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// progress logs the run's figures every 15 seconds until ctx ends.
+func progress(ctx context.Context, log *slog.Logger, db *database, prod *producers, chk *checker) {
+	for sleep(ctx, 15*time.Second) {
+		backlog, _ := db.backlog(ctx)
+		log.Info("progress", "committed", prod.stats.committed.Load()+prod.stats.burst.Load(),
+			"delivered", chk.t.unique(), "backlog", backlog)
+	}
+}
+
+func pool(ctx context.Context, url string, conns int32) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	pc.MaxConns = conns
+	p, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", pc.ConnConfig.User, err)
+	}
+	return p, nil
+}
+
+// prepareQueue declares the checker's queue before any event is
+// published, so nothing goes to an exchange without a queue.
+func prepareQueue(url string) error {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		return fmt.Errorf("connect to RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	return declareQueue(ch, topic)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// faulter applies faults and counts them.
+type faulter struct {
+	prod     *producers
+	db       *pgxpool.Pool
+	midClaim int // relay faults that caught the relay holding a claim
+	srv      *Servers
+	slots    []*relaySlot
+	outage   time.Duration
+	log      *slog.Logger
+	done     map[string]int
+}
+
+func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration) error {
+	for _, kind := range faults {
+		if !sleep(ctx, gap) {
+			return ctx.Err()
+		}
+		f.log.Info("fault", "kind", kind)
+		if err := f.one(ctx, kind); err != nil {
+			return fmt.Errorf("fault %s: %w", kind, err)
+		}
+		f.done[kind]++
+	}
+	return nil
+}
+
+func (f *faulter) one(ctx context.Context, kind string) error {
+	switch kind {
+	case KillRelay:
+		f.burst(ctx)
+		if s := f.runningSlot(); s != nil {
+			f.stopMidClaim(ctx, s)
+			s.signal(syscall.SIGKILL)
+		}
+	case KillAll:
+		for _, s := range f.slots {
+			s.signal(syscall.SIGKILL)
+		}
+	case PauseRelay:
+		f.burst(ctx)
+		s := f.runningSlot()
+		if s == nil || !f.stopMidClaim(ctx, s) {
+			return nil
+		}
+		// Past the claim window, PostgreSQL ends the paused relay's
+		// transaction and the others take its events over.
+		sleep(ctx, claimWindow+3*time.Second)
+		s.signal(syscall.SIGCONT)
+	case RestartMQ:
+		if err := f.srv.StopRabbitMQ(); err != nil {
+			return err
+		}
+		sleep(ctx, f.outage)
+		return f.srv.StartRabbitMQ()
+	case RestartPG, CrashPG:
+		mode := "fast"
+		if kind == CrashPG {
+			mode = "immediate"
+		}
+		if err := f.srv.StopPostgres(mode); err != nil {
+			return err
+		}
+		sleep(ctx, f.outage)
+		return f.srv.StartPostgres()
+	}
+	return nil
+}
+
+// burst writes long runs of events for a few aggregates, so that a relay
+// fault that follows finds the relays in the middle of batches.
+func (f *faulter) burst(ctx context.Context) {
+	if err := f.prod.burst(ctx, 4, 120); err != nil {
+		f.log.Warn("burst of events failed", "error", err)
+	}
+}
+
+// stopMidClaim stops s (SIGSTOP) at a moment it holds a claim, so the
+// fault that follows interrupts a batch: it stops it, looks for an open
+// transaction on one of its database connections, and if there is none
+// lets it run a little and tries again. It returns whether s is left
+// stopped, mid-claim or not.
+func (f *faulter) stopMidClaim(ctx context.Context, s *relaySlot) bool {
+	for range 60 {
+		if !s.signal(syscall.SIGSTOP) {
+			return false
+		}
+		var open int
+		ports, err := s.localPorts()
+		if err == nil {
+			err = f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND state <> 'idle'`, relayRole, ports).Scan(&open)
+		}
+		if err == nil && open > 0 {
+			f.log.Debug("relay stopped in a claim", "relay", s.id)
+			f.midClaim++
+			return true
+		}
+		s.signal(syscall.SIGCONT)
+		sleep(ctx, time.Duration(20+rand.N(100))*time.Millisecond)
+	}
+	return s.signal(syscall.SIGSTOP)
+}
+
+// runningSlot picks a relay whose process is up, at random.
+func (f *faulter) runningSlot() *relaySlot {
+	var up []*relaySlot
+	for _, s := range f.slots {
+		if s.running() {
+			up = append(up, s)
+		}
+	}
+	if len(up) == 0 {
+		return nil
+	}
+	return up[rand.N(len(up))]
+}
+
+// ModuleRoot finds the directory holding go.mod from the working directory.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("find module root: not inside a module")
+	}
+	return filepath.Dir(mod), nil
+}

@@ -1,0 +1,172 @@
+// Package outboxcli is the outbox command line: `outbox migrate`, `outbox relay`,
+// `outbox demo` and the operator commands. cmd/outbox is a thin main over
+// it, so a team can build the same binary with publishers of its own:
+//
+//	import _ "example.com/team/mybroker" // calls brokers.Register
+//	func main() { os.Exit(outboxcli.Main(context.Background(), os.Args[1:])) }
+package outboxcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// Main runs the command line with args (without the program name) and
+// returns the exit code. SIGINT and SIGTERM stop it gracefully.
+func Main(ctx context.Context, args []string) int {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := NewRoot(os.Stdout, os.Stderr)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "outbox:", err)
+		return 1
+	}
+	return 0
+}
+
+// NewRoot returns the root command writing to out and errOut.
+func NewRoot(out, errOut io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "outbox",
+		Short:         "Transactional outbox relay for PostgreSQL",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(out)
+	root.SetErr(errOut)
+	AddFlags(root.PersistentFlags())
+	root.AddCommand(migrateCmd(), relayCmd(), demoCmd())
+	for _, c := range extraCommands {
+		root.AddCommand(c())
+	}
+	return root
+}
+
+// extraCommands are added by other files of this package.
+var extraCommands []func() *cobra.Command
+
+// env is the parsed configuration and what it opens, for one command.
+type env struct {
+	cfg    *Config
+	loader *Loader
+	log    *slog.Logger
+	out    io.Writer
+}
+
+func setup(cmd *cobra.Command) (*env, error) {
+	cfg, loader, err := Load(cmd.Flags(), os.Environ())
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return &env{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout()}, nil
+}
+
+func newLogger(w io.Writer, c LogConfig) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// openPool connects to the database. Connection errors from pgx do not
+// contain the password; the URL itself is only ever logged redacted.
+func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database_url: %w", err)
+	}
+	pc.MaxConns = e.cfg.Database.MaxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = appName
+	if t := e.cfg.Database.IdleInTransactionTimeout; t > 0 {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(t.Milliseconds(), 10)
+	}
+	// Creating the pool under a short-lived context made later queries fail
+	// with that context's deadline, so only the first ping is bounded.
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err = pool.Ping(cctx)
+		cancel()
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err)
+	}
+	return pool, nil
+}
+
+// openStore connects, checks that the schema is migrated and returns the
+// store; closing st.Pool() releases it.
+func (e *env) openStore(ctx context.Context, appName string) (*store.Store, error) {
+	pool, err := e.openPool(ctx, appName)
+	if err != nil {
+		return nil, err
+	}
+	if err := store.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
+func migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox tables",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, err := setup(cmd)
+			if err != nil {
+				return err
+			}
+			pool, err := e.openPool(cmd.Context(), "outbox-migrate")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := store.Migrate(cmd.Context(), pool, e.cfg.StoreConfig())
+			if err != nil {
+				return err
+			}
+			sc, _ := e.cfg.StoreConfig().WithDefaults()
+			if len(applied) == 0 {
+				fmt.Fprintf(e.out, "schema %s.%s is up to date\n", sc.Schema, sc.Table)
+				return nil
+			}
+			fmt.Fprintf(e.out, "applied migrations %v to %s.%s\n", applied, sc.Schema, sc.Table)
+			return nil
+		},
+	}
+}
+
+// isCancel reports whether err only says the command was interrupted.
+func isCancel(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}

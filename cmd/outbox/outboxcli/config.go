@@ -1,0 +1,394 @@
+package outboxcli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	envprovider "github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/posflag"
+	"github.com/knadh/koanf/providers/structs"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+// Config is the whole configuration of the outbox binary. It is read from
+// defaults, a YAML file (--config), environment variables and flags, each
+// overriding the one before.
+type Config struct {
+	DatabaseURL string          `koanf:"database_url"`
+	Store       StoreConfig     `koanf:"store"`
+	Broker      string          `koanf:"broker"`
+	Brokers     map[string]any  `koanf:"brokers"` // one section per broker, decoded by its adapter
+	Routing     brokers.Routing `koanf:"routing"`
+	Relay       RelayConfig     `koanf:"relay"`
+	Database    DatabaseConfig  `koanf:"database"`
+	Producer    ProducerConfig  `koanf:"producer"`
+	Log         LogConfig       `koanf:"log"`
+	HTTP        HTTPConfig      `koanf:"http"`
+	Retention   RetentionConfig `koanf:"retention"`
+	Tracing     TracingConfig   `koanf:"tracing"`
+	Stuck       StuckConfig     `koanf:"stuck"`
+}
+
+// StoreConfig names the database objects (see store.Config).
+type StoreConfig struct {
+	Schema         string `koanf:"schema"`
+	Table          string `koanf:"table"`
+	ProcessedTable string `koanf:"processed_table"`
+	NotifyChannel  string `koanf:"notify_channel"`
+}
+
+// RelayConfig tunes the relay (see core.Options).
+type RelayConfig struct {
+	BatchSize       int           `koanf:"batch_size"`
+	Lanes           int           `koanf:"lanes"`
+	Claimers        int           `koanf:"claimers"`
+	PollInterval    time.Duration `koanf:"poll_interval"`
+	PublishTimeout  time.Duration `koanf:"publish_timeout"`
+	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
+	Unordered       bool          `koanf:"unordered"`
+	Wakeups         bool          `koanf:"wakeups"`
+	RetryMin        time.Duration `koanf:"retry_min"`
+	RetryMax        time.Duration `koanf:"retry_max"`
+}
+
+// DatabaseConfig tunes the relay's connection pool.
+type DatabaseConfig struct {
+	MaxConns int32 `koanf:"max_conns"`
+	// IdleInTransactionTimeout makes PostgreSQL end a claim whose relay
+	// stopped responding (paused, partitioned), freeing its events for the
+	// other replicas. It must exceed the time a batch takes to publish.
+	IdleInTransactionTimeout time.Duration `koanf:"idle_in_transaction_timeout"`
+}
+
+// ProducerConfig is used by commands that write events (demo).
+type ProducerConfig struct {
+	MaxPayloadBytes int `koanf:"max_payload_bytes"`
+}
+
+// LogConfig selects the log format and level.
+type LogConfig struct {
+	Format string `koanf:"format"` // text or json
+	Level  string `koanf:"level"`  // debug, info, warn, error
+}
+
+// HTTPConfig is the relay's HTTP listener for /metrics, /healthz, /readyz.
+type HTTPConfig struct {
+	Listen string `koanf:"listen"` // empty disables it
+}
+
+// RetentionConfig deletes old rows from inside the relay.
+type RetentionConfig struct {
+	Enabled    bool          `koanf:"enabled"`
+	Interval   time.Duration `koanf:"interval"`
+	Dispatched time.Duration `koanf:"dispatched"` // keep dispatched events this long
+	Processed  time.Duration `koanf:"processed"`  // keep processed_events rows this long
+	BatchSize  int           `koanf:"batch_size"`
+}
+
+// TracingConfig turns on OpenTelemetry trace propagation.
+type TracingConfig struct {
+	Enabled bool `koanf:"enabled"`
+}
+
+// StuckConfig sets when a pending event counts as stuck.
+type StuckConfig struct {
+	After time.Duration `koanf:"after"`
+}
+
+// Defaults returns the configuration used when nothing overrides it.
+func Defaults() Config {
+	return Config{
+		Broker: "stdout",
+		// Non-nil maps: the loader merges file and environment into them.
+		Brokers: map[string]any{},
+		Routing: brokers.Routing{Types: map[string]string{}, Prefixes: map[string]string{}},
+		Relay: RelayConfig{
+			BatchSize: 500, Lanes: 16, Claimers: 2, PollInterval: time.Second, PublishTimeout: 30 * time.Second,
+			ShutdownTimeout: 30 * time.Second, Wakeups: true,
+			RetryMin: 500 * time.Millisecond, RetryMax: time.Minute,
+		},
+		Database: DatabaseConfig{MaxConns: 8, IdleInTransactionTimeout: 2 * time.Minute},
+		Producer: ProducerConfig{MaxPayloadBytes: 1 << 20},
+		Log:      LogConfig{Format: "text", Level: "info"},
+		Retention: RetentionConfig{
+			Enabled: true, Interval: 10 * time.Minute, Dispatched: 7 * 24 * time.Hour,
+			Processed: 14 * 24 * time.Hour, BatchSize: 5000,
+		},
+		Stuck: StuckConfig{After: 5 * time.Minute},
+	}
+}
+
+// Validate checks the values no later stage checks, naming the field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	if c.DatabaseURL == "" {
+		bad("database_url", "is empty (set --database-url, DATABASE_URL or database_url in the config file)")
+	} else if u, err := url.Parse(c.DatabaseURL); err == nil && u.Scheme != "" && u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		bad("database_url", "scheme %q is not postgres://", u.Scheme)
+	}
+	if _, err := c.StoreConfig().WithDefaults(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Broker == "" {
+		bad("broker", "is empty (known: %s)", strings.Join(brokers.Names(), ", "))
+	} else if !brokers.Registered(c.Broker) {
+		bad("broker", "unknown broker %q (known: %s)", c.Broker, strings.Join(brokers.Names(), ", "))
+	}
+	if err := c.Routing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	r := c.Relay
+	if r.BatchSize < 1 || r.BatchSize > 10000 {
+		bad("relay.batch_size", "%d is not between 1 and 10000", r.BatchSize)
+	}
+	if r.Lanes < 1 || r.Lanes > 1024 {
+		bad("relay.lanes", "%d is not between 1 and 1024", r.Lanes)
+	}
+	if r.Claimers < 1 || r.Claimers > 64 {
+		bad("relay.claimers", "%d is not between 1 and 64", r.Claimers)
+	}
+	if int(c.Database.MaxConns) < r.Claimers+2 {
+		bad("database.max_conns", "%d is too few: each of relay.claimers %d holds one during a batch, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"relay.poll_interval", r.PollInterval}, {"relay.publish_timeout", r.PublishTimeout},
+		{"relay.shutdown_timeout", r.ShutdownTimeout}, {"relay.retry_min", r.RetryMin}, {"relay.retry_max", r.RetryMax},
+	} {
+		if d.v <= 0 {
+			bad(d.field, "must be a positive duration such as 500ms or 30s")
+		}
+	}
+	if r.RetryMax < r.RetryMin {
+		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
+	}
+	if c.Database.IdleInTransactionTimeout < 0 {
+		bad("database.idle_in_transaction_timeout", "is negative")
+	} else if t := c.Database.IdleInTransactionTimeout; t > 0 && t <= r.PublishTimeout {
+		bad("database.idle_in_transaction_timeout", "%s must exceed relay.publish_timeout %s, or batches would be cut off mid-publish", t, r.PublishTimeout)
+	}
+	if c.Producer.MaxPayloadBytes < 1 {
+		bad("producer.max_payload_bytes", "%d is not positive", c.Producer.MaxPayloadBytes)
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
+		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
+	}
+	rt := c.Retention
+	if rt.Enabled {
+		if rt.Interval <= 0 {
+			bad("retention.interval", "must be positive")
+		}
+		if rt.Dispatched <= 0 {
+			bad("retention.dispatched", "must be positive")
+		}
+		if rt.Processed <= 0 {
+			bad("retention.processed", "must be positive")
+		}
+		if rt.BatchSize < 1 {
+			bad("retention.batch_size", "%d is not positive", rt.BatchSize)
+		}
+	}
+	if c.Stuck.After <= 0 {
+		bad("stuck.after", "must be positive")
+	}
+	return errors.Join(errs...)
+}
+
+// StoreConfig converts the store section.
+func (c *Config) StoreConfig() store.Config {
+	return store.Config{Schema: c.Store.Schema, Table: c.Store.Table,
+		ProcessedTable: c.Store.ProcessedTable, NotifyChannel: c.Store.NotifyChannel}
+}
+
+// RelayOptions converts the relay section.
+func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options {
+	r := c.Relay
+	return core.Options{
+		BatchSize: r.BatchSize, Lanes: r.Lanes, Claimers: r.Claimers, PollInterval: r.PollInterval,
+		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
+		Unordered: r.Unordered, DisableWakeups: !r.Wakeups,
+		RetryBackoff: core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
+		Logger:       log, Observer: obs,
+	}
+}
+
+// Loader reads a Config from its sources.
+type Loader struct {
+	k *koanf.Koanf
+}
+
+func decoderConfig() *mapstructure.DecoderConfig {
+	return &mapstructure.DecoderConfig{
+		DecodeHook: mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+		),
+		WeaklyTypedInput: true,
+		ErrorUnused:      true,
+	}
+}
+
+// flagKeys maps flag names to configuration keys.
+var flagKeys = map[string]string{
+	"database-url": "database_url",
+	"broker":       "broker",
+	"schema":       "store.schema",
+	"table":        "store.table",
+	"batch-size":   "relay.batch_size",
+	"lanes":        "relay.lanes",
+	"unordered":    "relay.unordered",
+	"no-wakeups":   "relay.wakeups",
+	"http-listen":  "http.listen",
+	"log-format":   "log.format",
+	"log-level":    "log.level",
+}
+
+// AddFlags declares the configuration flags on fs.
+func AddFlags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML configuration file")
+	fs.String("database-url", "", "PostgreSQL URL (env DATABASE_URL)")
+	fs.String("broker", "", "broker name: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
+	fs.String("schema", "", "schema of the outbox tables (default public)")
+	fs.String("table", "", "outbox table (default events_outbox)")
+	fs.Int("batch-size", 0, "events per claim (default 500)")
+	fs.Int("lanes", 0, "concurrent publishes per batch (default 16)")
+	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")
+	fs.Bool("no-wakeups", false, "poll only, no LISTEN/NOTIFY (for PgBouncer transaction pooling)")
+	fs.String("http-listen", "", "address for /metrics, /healthz and /readyz, such as :9090")
+	fs.String("log-format", "", "text or json")
+	fs.String("log-level", "", "debug, info, warn or error")
+}
+
+// Load builds the configuration from defaults, the file named by --config,
+// the environment (environ, as from os.Environ) and the flags set in fs.
+func Load(fs *pflag.FlagSet, environ []string) (*Config, *Loader, error) {
+	k := koanf.New(".")
+	if err := k.Load(structs.Provider(Defaults(), "koanf"), nil); err != nil {
+		return nil, nil, fmt.Errorf("load defaults: %w", err)
+	}
+	if path, _ := fs.GetString("config"); path != "" {
+		if _, err := os.Stat(path); err != nil {
+			return nil, nil, fmt.Errorf("config file: %w", err)
+		}
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return nil, nil, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	known := flatKeys(k)
+	if err := k.Load(envprovider.Provider(".", envprovider.Opt{
+		EnvironFunc:   func() []string { return environ },
+		TransformFunc: func(name, v string) (string, any) { return envKey(name, known), v },
+	}), nil); err != nil {
+		return nil, nil, fmt.Errorf("load environment: %w", err)
+	}
+	if err := k.Load(posflag.ProviderWithFlag(fs, ".", nil, func(f *pflag.Flag) (string, any) {
+		key, ok := flagKeys[f.Name]
+		if !ok || !f.Changed {
+			return "", nil
+		}
+		if f.Name == "no-wakeups" {
+			return key, f.Value.String() != "true"
+		}
+		return key, posflag.FlagVal(fs, f)
+	}), nil); err != nil {
+		return nil, nil, fmt.Errorf("load flags: %w", err)
+	}
+	var c Config
+	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: decoderConfig()}); err != nil {
+		return nil, nil, fmt.Errorf("config: %w", err)
+	}
+	return &c, &Loader{k: k}, nil
+}
+
+// Section returns the brokers.<name> section as a brokers.Decoder.
+func (l *Loader) Section(name string) brokers.Decoder {
+	return brokers.DecoderFunc(func(v any) error {
+		dc := decoderConfig()
+		if err := l.k.UnmarshalWithConf("brokers."+name, v, koanf.UnmarshalConf{DecoderConfig: dc}); err != nil {
+			return fmt.Errorf("brokers.%s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+func flatKeys(k *koanf.Koanf) map[string]string {
+	m := make(map[string]string)
+	for _, key := range k.Keys() {
+		m[strings.ReplaceAll(key, ".", "_")] = key
+	}
+	// Sections whose keys may be absent from the defaults.
+	for _, key := range []string{"routing.topic", "routing.topic_prefix", "http.listen", "tracing.enabled"} {
+		m[strings.ReplaceAll(key, ".", "_")] = key
+	}
+	return m
+}
+
+// envKey maps an environment variable to a configuration key, or "" to
+// ignore it: DATABASE_URL, OUTBOX_BROKER, OUTBOX_RELAY_BATCH_SIZE (any key
+// with dots as underscores) and OUTBOX_BROKERS_<NAME>_<KEY> for a broker's
+// flat settings.
+func envKey(name string, known map[string]string) string {
+	if name == "DATABASE_URL" {
+		return "database_url"
+	}
+	rest, ok := strings.CutPrefix(name, "OUTBOX_")
+	if !ok || strings.HasPrefix(rest, "TEST_") {
+		return ""
+	}
+	rest = strings.ToLower(rest)
+	if b, ok := strings.CutPrefix(rest, "brokers_"); ok {
+		broker, key, ok := strings.Cut(b, "_")
+		if !ok || broker == "" || key == "" {
+			return ""
+		}
+		return "brokers." + broker + "." + key
+	}
+	return known[rest]
+}
+
+// Redact returns a database URL fit for logs: the password replaced.
+func Redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		if strings.Contains(dsn, "password") {
+			return "(connection string hidden: it may hold a password)"
+		}
+		return dsn
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// KnownKeys lists every configuration key, for documentation and tests.
+func KnownKeys() []string {
+	k := koanf.New(".")
+	_ = k.Load(structs.Provider(Defaults(), "koanf"), nil)
+	keys := k.Keys()
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,155 @@
+package outboxcli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/metrics"
+	"github.com/outboxhq/outbox/store"
+)
+
+func init() { relayHooks = append(relayHooks, startHTTP) }
+
+// startHTTP serves /metrics, /healthz and /readyz when http.listen is set,
+// and returns the metrics observer for the relay.
+func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error) {
+	addr := e.cfg.HTTP.Listen
+	if addr == "" {
+		return nil, nil
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	routing := &e.cfg.Routing
+	obs, err := metrics.NewObserver(metrics.Options{Registerer: reg, Broker: e.cfg.Broker, Topic: topicLabel(routing)})
+	if err != nil {
+		return nil, err
+	}
+	poller, err := metrics.NewPoller(st, metrics.PollerOptions{Registerer: reg, StuckAfter: e.cfg.Stuck.After, Logger: e.log})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http.listen %s: %w", addr, err)
+	}
+	checks := []check{{"database", st.Ping}}
+	if p, ok := pub.(core.Pinger); ok {
+		checks = append(checks, check{"broker", p.Ping})
+	}
+	checks = append(checks, check{"relay", progressCheck(relay, time.Now(), staleAfter(e.cfg.Relay))})
+	srv := &http.Server{Handler: opsHandler(reg, checks, e.log), ReadHeaderTimeout: 5 * time.Second}
+	go poller.Run(ctx)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.log.Error("http listener stopped", "error", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	e.log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+	return obs, nil
+}
+
+// topicLabel resolves the topic label through the routing rules, whose
+// topics are a bounded set of configured names.
+func topicLabel(r *brokers.Routing) func(*core.Event) string {
+	return func(e *core.Event) string {
+		t, err := r.Topic(e)
+		if err != nil {
+			return "unrouted"
+		}
+		return t
+	}
+}
+
+// staleAfter is how long a relay may go without finishing a cycle before
+// it is not ready: a slow batch takes up to a few publish timeouts.
+func staleAfter(r RelayConfig) time.Duration {
+	return max(2*r.PublishTimeout, 30*time.Second) + 3*r.PollInterval
+}
+
+// check is one readiness condition.
+type check struct {
+	name string
+	fn   func(ctx context.Context) error
+}
+
+// progressCheck fails when the relay has not completed a cycle within
+// stale, counting from started until its first one.
+func progressCheck(relay func() *core.Relay, started time.Time, stale time.Duration) func(context.Context) error {
+	return func(context.Context) error {
+		r := relay()
+		if r == nil {
+			return errors.New("relay not started")
+		}
+		last := r.LastProgress()
+		if last.IsZero() {
+			last = started
+		}
+		if age := time.Since(last); age > stale {
+			return fmt.Errorf("no completed relay cycle for %s (limit %s)", age.Round(time.Second), stale)
+		}
+		return nil
+	}
+}
+
+// opsHandler serves the metrics of reg and the health endpoints: /healthz
+// answers while the process runs; /readyz runs every check, each bounded,
+// and answers 503 naming the failures.
+func opsHandler(reg prometheus.Gatherer, checks []check, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		results := make(map[string]string, len(checks))
+		var (
+			mu sync.Mutex
+			wg sync.WaitGroup
+		)
+		for _, c := range checks {
+			wg.Go(func() {
+				res := "ok"
+				if err := c.fn(ctx); err != nil {
+					res = err.Error()
+				}
+				mu.Lock()
+				results[c.name] = res
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		status := http.StatusOK
+		for name, res := range results {
+			if res != "ok" {
+				status = http.StatusServiceUnavailable
+				log.Warn("not ready", "check", name, "reason", res)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(map[string]any{"ready": status == http.StatusOK, "checks": results})
+	})
+	return mux
+}

@@ -1,0 +1,34 @@
+package outboxcli
+
+import (
+	"time"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// multiObserver fans measurements out to several observers.
+type multiObserver []core.Observer
+
+func (m multiObserver) Claimed(n int, d time.Duration) {
+	for _, o := range m {
+		o.Claimed(n, d)
+	}
+}
+
+func (m multiObserver) Published(e *core.Event, d time.Duration, err error) {
+	for _, o := range m {
+		o.Published(e, d, err)
+	}
+}
+
+func (m multiObserver) Completed(done, failed int, d time.Duration) {
+	for _, o := range m {
+		o.Completed(done, failed, d)
+	}
+}
+
+func (m multiObserver) Errored(op string, err error) {
+	for _, o := range m {
+		o.Errored(op, err)
+	}
+}

@@ -1,0 +1,215 @@
+package outboxcli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// Commands for events that do not go out: stuck, retry, park, unpark.
+
+func init() {
+	extraCommands = append(extraCommands, stuckCmd, retryCmd, parkCmd, unparkCmd)
+}
+
+type stuckJSON struct {
+	ID           int64      `json:"id"`
+	UID          string     `json:"uid"`
+	AggregateID  string     `json:"aggregate_id"`
+	Type         string     `json:"type"`
+	CreatedAt    time.Time  `json:"created_at"`
+	AgeSeconds   float64    `json:"age_seconds"`
+	Attempts     int        `json:"attempts"`
+	LastError    string     `json:"last_error,omitempty"`
+	RetryAt      *time.Time `json:"retry_at,omitempty"`
+	Held         bool       `json:"held"`
+	ParkedAt     *time.Time `json:"parked_at,omitempty"`
+	ParkedReason string     `json:"parked_reason,omitempty"`
+	HeldBack     int64      `json:"held_back"`
+	WaitsFor     int64      `json:"waits_for,omitempty"`
+}
+
+func stuckCmd() *cobra.Command {
+	var (
+		olderThan      time.Duration
+		limit          int
+		parked, asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "stuck",
+		Short: "List events that have not gone out: old pending, held and (with --parked) parked ones",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *env, st *store.Store) error {
+				if !cmd.Flags().Changed("older-than") {
+					olderThan = e.cfg.Stuck.After
+				}
+				if olderThan <= 0 {
+					return fmt.Errorf("--older-than: must be a positive duration such as 5m")
+				}
+				events, err := st.Stuck(ctx, store.StuckQuery{OlderThan: olderThan, Limit: limit, IncludeParked: parked})
+				if err != nil {
+					return err
+				}
+				now := time.Now()
+				out := make([]stuckJSON, 0, len(events))
+				for _, ev := range events {
+					j := stuckJSON{ID: ev.ID, UID: ev.UID, AggregateID: ev.AggregateID, Type: ev.Type, CreatedAt: ev.CreatedAt,
+						AgeSeconds: seconds(now.Sub(ev.CreatedAt)), Attempts: ev.Attempts, LastError: ev.LastError,
+						Held: ev.Held, ParkedReason: ev.ParkedReason, HeldBack: ev.HeldBack, WaitsFor: ev.WaitsFor}
+					if !ev.RetryAt.IsZero() {
+						j.RetryAt = &ev.RetryAt
+					}
+					if !ev.ParkedAt.IsZero() {
+						j.ParkedAt = &ev.ParkedAt
+					}
+					out = append(out, j)
+				}
+				if asJSON {
+					return writeJSON(e.out, out)
+				}
+				if len(out) == 0 {
+					fmt.Fprintf(e.out, "no stuck events (none pending for over %s, none held)\n", human(olderThan))
+					return nil
+				}
+				tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tTYPE\tAGGREGATE\tAGE\tATTEMPTS\tSTATE\tHELD BACK\tLAST ERROR")
+				for _, j := range out {
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.ID, j.Type, j.AggregateID,
+						human(time.Duration(j.AgeSeconds*float64(time.Second))), j.Attempts, stuckState(j), j.HeldBack,
+						oneLine(j.LastError, 80))
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if len(out) == limit {
+					fmt.Fprintf(e.out, "(first %d shown; raise --limit for more)\n", limit)
+				}
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&olderThan, "older-than", 0, "list pending events older than this (default stuck.after)")
+	f.IntVar(&limit, "limit", 100, "at most this many, oldest first")
+	f.BoolVar(&parked, "parked", false, "include parked events")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func stuckState(j stuckJSON) string {
+	switch {
+	case j.ParkedAt != nil:
+		return "parked: " + oneLine(j.ParkedReason, 40)
+	case j.Held:
+		return "held"
+	case j.RetryAt != nil:
+		return "retry at " + j.RetryAt.UTC().Format(time.RFC3339)
+	case j.WaitsFor != 0:
+		return fmt.Sprintf("waits for %d", j.WaitsFor)
+	default:
+		return "pending"
+	}
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		s = s[:n] + "..."
+	}
+	return s
+}
+
+// selectorFlags declares the flags of a store.Selector on cmd. The returned
+// function fills in the time range once the flags are parsed.
+func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() error) {
+	var after, before string
+	f := cmd.Flags()
+	f.Int64SliceVar(&sel.IDs, "id", nil, "event ids (repeat or separate with commas)")
+	f.Int64Var(&sel.FromID, "from-id", 0, "first event id of a range")
+	f.Int64Var(&sel.ToID, "to-id", 0, "last event id of a range (inclusive)")
+	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
+	f.StringVar(&sel.Type, "type", "", "exact event type")
+	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")
+	f.StringVar(&before, "created-before", "", "created before: RFC 3339 time or a duration ago")
+	return func() error {
+		var err error
+		if sel.CreatedAfter, err = parseWhen("created-after", after); err != nil {
+			return err
+		}
+		sel.CreatedBefore, err = parseWhen("created-before", before)
+		return err
+	}
+}
+
+type countJSON struct {
+	Selector string `json:"selector"`
+	Count    int64  `json:"count"`
+}
+
+// poisonCmd builds retry, park and unpark, which differ in the store call.
+func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.Store, sel store.Selector, reason string) (int64, error)) *cobra.Command {
+	var (
+		sel        store.Selector
+		parseTimes func() error
+		reason     string
+		asJSON     bool
+	)
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := parseTimes(); err != nil {
+				return err
+			}
+			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *env, st *store.Store) error {
+				n, err := run(ctx, st, sel, reason)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(e.out, countJSON{Selector: sel.String(), Count: n})
+				}
+				fmt.Fprintf(e.out, "%s %d events (%s)\n", verb, n, sel)
+				if n == store.MaxSelected {
+					fmt.Fprintf(e.out, "that is the per-call maximum; run again for the rest\n")
+				}
+				return nil
+			})
+		},
+	}
+	parseTimes = selectorFlags(cmd, &sel)
+	if use == "park" {
+		cmd.Flags().StringVar(&reason, "reason", "", "why the events are set aside (required)")
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func retryCmd() *cobra.Command {
+	return poisonCmd("retry", "Make failed events (held or backing off) available to the relay now", "released",
+		func(ctx context.Context, st *store.Store, sel store.Selector, _ string) (int64, error) {
+			return st.Retry(ctx, sel)
+		})
+}
+
+func parkCmd() *cobra.Command {
+	return poisonCmd("park", "Set pending events aside with a reason; later events of their aggregates go ahead", "parked",
+		func(ctx context.Context, st *store.Store, sel store.Selector, reason string) (int64, error) {
+			return st.Park(ctx, sel, reason)
+		})
+}
+
+func unparkCmd() *cobra.Command {
+	return poisonCmd("unpark", "Put parked events back in the pending set, with the same identity", "unparked",
+		func(ctx context.Context, st *store.Store, sel store.Selector, _ string) (int64, error) {
+			return st.Unpark(ctx, sel)
+		})
+}

@@ -1,0 +1,84 @@
+package outboxcli
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+func relayCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "relay",
+		Short: "Publish committed events to the broker until stopped",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, err := setup(cmd)
+			if err != nil {
+				return err
+			}
+			return e.runRelay(cmd.Context())
+		},
+	}
+}
+
+// RelayHooks let other parts of the binary (metrics, health) attach to a
+// running relay. Each returns an observer to add (or nil) and may start
+// background work that ends with ctx.
+var relayHooks []func(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
+
+// publisherWraps decorate the broker's publisher (tracing) before the hooks
+// and the relay see it, in order. The broker's own Close still runs once.
+var publisherWraps []func(e *env, pub core.Publisher) (core.Publisher, error)
+
+func (e *env) runRelay(ctx context.Context) error {
+	// One name per process, so `outbox status` can tell replicas apart.
+	host, _ := os.Hostname()
+	st, err := e.openStore(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
+	if err != nil {
+		return err
+	}
+	defer st.Pool().Close()
+	pub, err := brokers.Open(ctx, e.cfg.Broker, brokers.Params{
+		Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
+	})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	for _, wrap := range publisherWraps {
+		if pub, err = wrap(e, pub); err != nil {
+			return err
+		}
+	}
+
+	var relay *core.Relay
+	var observers multiObserver
+	for _, hook := range relayHooks {
+		obs, err := hook(ctx, e, st, pub, func() *core.Relay { return relay })
+		if err != nil {
+			return err
+		}
+		if obs != nil {
+			observers = append(observers, obs)
+		}
+	}
+	relay, err = core.New(st, pub, e.cfg.RelayOptions(e.log, observers))
+	if err != nil {
+		return err
+	}
+	sc := st.Config()
+	e.log.Info("relay starting", "database", Redact(e.cfg.DatabaseURL), "table", sc.Schema+"."+sc.Table,
+		"broker", e.cfg.Broker, "ordered", !e.cfg.Relay.Unordered, "wakeups", e.cfg.Relay.Wakeups,
+		"batch_size", e.cfg.Relay.BatchSize, "lanes", e.cfg.Relay.Lanes)
+	if err := relay.Run(ctx); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	e.log.Info("relay stopped")
+	return nil
+}
