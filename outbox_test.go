@@ -16,8 +16,8 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 const orderID = "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"

@@ -25,12 +25,12 @@ func (d *Deduper) Cleanup(ctx context.Context, olderThan time.Duration, batchSiz
 		if err := ctx.Err(); err != nil {
 			return deleted, fmt.Errorf("clean up processed events: %w", err)
 		}
-		tag, err := d.pool.Exec(ctx, d.cleanup, d.opts.Consumer, olderThan.Microseconds(), batchSize)
+		n, err := d.processed.CleanupBatch(ctx, d.pool, d.opts.Consumer, olderThan, batchSize)
 		if err != nil {
-			return deleted, fmt.Errorf("delete processed events: %w", err)
+			return deleted, fmt.Errorf("clean up processed events: %w", err)
 		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
+		deleted += n
+		if n < int64(batchSize) {
 			return deleted, nil
 		}
 	}

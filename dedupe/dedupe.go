@@ -103,7 +103,7 @@ type Deduper struct {
 	opts Options
 	log  *slog.Logger
 
-	record, cleanup string
+	processed *store.Processed
 }
 
 // New returns a Deduper over pool. The schema must have been migrated
@@ -116,20 +116,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Deduper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new deduper: %w", err)
 	}
-	table := pgx.Identifier{o.Store.Schema, o.Store.ProcessedTable}.Sanitize()
-	return &Deduper{
-		pool: pool, opts: o, log: o.Logger.With("consumer", o.Consumer),
-		// Reports a new event as one affected row and a known one as none.
-		// A concurrent transaction holding the same uncommitted row makes
-		// this wait for its outcome: conflict if it commits, insert if not.
-		record: `INSERT INTO ` + table + ` (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		cleanup: `DELETE FROM ` + table + ` WHERE consumer = $1 AND event_id IN (
-    SELECT event_id FROM ` + table + `
-    WHERE consumer = $1 AND processed_at < now() - $2::bigint * interval '1 microsecond'
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-)`,
-	}, nil
+	processed, err := store.NewProcessed(o.Store)
+	if err != nil {
+		return nil, fmt.Errorf("new deduper: %w", err)
+	}
+	return &Deduper{pool: pool, opts: o, log: o.Logger.With("consumer", o.Consumer), processed: processed}, nil
 }
 
 // Consumer returns the consumer name events are recorded under.
@@ -202,11 +193,11 @@ func (d *Deduper) run(ctx context.Context, eventID string, record bool, fn func(
 		}
 	}()
 	if record {
-		tag, err := tx.Exec(ctx, d.record, d.opts.Consumer, eventID)
+		isNew, err := d.processed.Record(ctx, tx, d.opts.Consumer, eventID)
 		if err != nil {
-			return false, fmt.Errorf("record event %s: %w", eventID, err)
+			return false, fmt.Errorf("event %s: %w", eventID, err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !isNew {
 			return false, nil
 		}
 	}

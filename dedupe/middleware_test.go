@@ -23,8 +23,8 @@ import (
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext(msg.Context()) }

@@ -18,8 +18,8 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestGrantsQuoteEveryName(t *testing.T) {

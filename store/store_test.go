@@ -18,8 +18,8 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/storetest"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

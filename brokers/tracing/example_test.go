@@ -8,8 +8,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/outboxhq/outbox/brokers/stdout"
-	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/brokers/tracing"
+	"github.com/outboxhq/outbox/core"
 )
 
 // Wrap the broker's publisher before giving it to the relay; leave it

@@ -17,11 +17,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/brokers/tracing"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestMain(m *testing.M) {

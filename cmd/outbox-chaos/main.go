@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
 )
 
 func main() {

@@ -15,9 +15,9 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // flakyBroker fails every publish while down is set.

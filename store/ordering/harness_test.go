@@ -17,8 +17,8 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // payload is what producers write: the aggregate's sequence number.

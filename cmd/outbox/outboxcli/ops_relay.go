@@ -8,9 +8,9 @@ import (
 
 	"go.opentelemetry.io/otel"
 
+	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/brokers/tracing"
 )
 
 // Background work of `outbox relay`: retention on a schedule and the

@@ -23,9 +23,9 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/memstore"
-	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestMain(m *testing.M) {
