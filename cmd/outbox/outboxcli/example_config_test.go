@@ -15,7 +15,7 @@ import (
 func TestExampleConfigIsValid(t *testing.T) {
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	AddFlags(fs)
-	if err := fs.Parse([]string{"--config", "../docs/examples/outbox.yaml"}); err != nil {
+	if err := fs.Parse([]string{"--config", "../../../docs/examples/outbox.yaml"}); err != nil {
 		t.Fatal(err)
 	}
 	c, l, err := Load(fs, nil)
