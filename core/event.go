@@ -53,11 +53,28 @@ type Claim interface {
 }
 
 // Truncated is an optional Claim capability: Truncated reports that the
-// store found a full batch of candidates but left some out because other
-// relays hold earlier events of their aggregates. Work is waiting, so the
-// relay comes back after a short pause instead of its poll interval.
+// store left pending events out of the claim (other relays hold earlier
+// events of their aggregates, or the claim reached its byte limit). Work is
+// waiting, so the relay comes back after a short pause instead of its poll
+// interval.
 type Truncated interface {
 	Truncated() bool
+}
+
+// Rejecter is an optional Claim capability: Rejected lists claimed rows the
+// store could not turn into events (headers of the wrong shape, a payload
+// over its size limit). The relay holds each one in Complete like a
+// permanent publish failure, so a bad row never stops the other aggregates
+// and is never dropped.
+type Rejecter interface {
+	Rejected() []Rejection
+}
+
+// Rejection is a claimed row that cannot be relayed. Event holds what could
+// be read; its Payload is nil.
+type Rejection struct {
+	Event Event
+	Err   error
 }
 
 // Failure is a failed publish to record against an event.

@@ -13,6 +13,9 @@ type Observer interface {
 	Completed(done, failed int, d time.Duration)
 	// Errored reports a relay-level error (claim or complete failed).
 	Errored(op string, err error)
+	// Rejected reports a claimed row the relay holds because it cannot be
+	// turned into an event (see Rejecter). e carries no payload.
+	Rejected(e *Event, err error)
 }
 
 type nopObserver struct{}
@@ -21,3 +24,4 @@ func (nopObserver) Claimed(int, time.Duration)             {}
 func (nopObserver) Published(*Event, time.Duration, error) {}
 func (nopObserver) Completed(int, int, time.Duration)      {}
 func (nopObserver) Errored(string, error)                  {}
+func (nopObserver) Rejected(*Event, error)                 {}

@@ -320,15 +320,16 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 		return idle, fmt.Errorf("claim batch: %w", err)
 	}
 	events := claim.Events()
+	rejected := rejectedOf(claim)
 	r.obs.Claimed(len(events), time.Since(start))
 	next = idle
 	switch {
-	case len(events) >= r.opts.BatchSize:
+	case len(events)+len(rejected) >= r.opts.BatchSize:
 		next = again
-	case isTruncated(claim):
+	case isTruncated(claim) || len(rejected) > 0:
 		next = soon
 	}
-	if len(events) == 0 {
+	if len(events) == 0 && len(rejected) == 0 {
 		if err := claim.Release(ctx); err != nil {
 			r.obs.Errored("release", err)
 			return idle, fmt.Errorf("release empty claim: %w", err)
@@ -337,7 +338,17 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 		return next, nil
 	}
 
-	done, failed := r.publishBatch(ctx, events)
+	var done []int64
+	var failed []Failure
+	if len(events) > 0 {
+		done, failed = r.publishBatch(ctx, events)
+	}
+	for _, rej := range rejected {
+		err := Permanent(fmt.Errorf("cannot relay row: %w", rej.Err))
+		r.obs.Rejected(&rej.Event, err)
+		r.log.Warn("event held: the row cannot be relayed", "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
+		failed = append(failed, Failure{ID: rej.Event.ID, Reason: err.Error()})
+	}
 
 	// A hard stop cancelled ctx; still record what reached the broker, so
 	// it is not published again.
@@ -350,7 +361,7 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	start = time.Now()
 	if err := claim.Complete(rctx, done, failed); err != nil {
 		r.obs.Errored("complete", err)
-		return idle, fmt.Errorf("complete batch of %d: %w", len(events), err)
+		return idle, fmt.Errorf("complete batch of %d: %w", len(events)+len(rejected), err)
 	}
 	r.obs.Completed(len(done), len(failed), time.Since(start))
 	r.progress.Store(time.Now().UnixNano())
@@ -361,6 +372,13 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 		return idle, fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason)
 	}
 	return next, nil
+}
+
+func rejectedOf(c Claim) []Rejection {
+	if r, ok := c.(Rejecter); ok {
+		return r.Rejected()
+	}
+	return nil
 }
 
 func isTruncated(c Claim) bool {

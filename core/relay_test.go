@@ -296,13 +296,14 @@ func TestPermanentFailureHoldsOnlyItsAggregate(t *testing.T) {
 
 // observer counts what the relay reports.
 type observer struct {
-	claims, published, errored atomic.Int64
+	claims, published, errored, rejected atomic.Int64
 }
 
 func (o *observer) Claimed(int, time.Duration)                  { o.claims.Add(1) }
 func (o *observer) Published(*core.Event, time.Duration, error) { o.published.Add(1) }
 func (o *observer) Completed(int, int, time.Duration)           {}
 func (o *observer) Errored(string, error)                       { o.errored.Add(1) }
+func (o *observer) Rejected(*core.Event, error)                 { o.rejected.Add(1) }
 
 func TestBrokerDownBacksOff(t *testing.T) {
 	s := memstore.New()

@@ -18,7 +18,25 @@ type Config struct {
 	// NotifyChannel is the LISTEN/NOTIFY channel producers signal and the
 	// relay listens on; default: the outbox table's name.
 	NotifyChannel string
+
+	// MaxEventBytes is the largest row the relay reads, payload and headers
+	// as stored; a larger row is held for an operator without its payload
+	// leaving the server. Defaults to 4 MiB, room above the Go writer's
+	// 1 MiB payload limit; at most 1 GiB.
+	MaxEventBytes int
+	// MaxClaimBytes bounds the payload and header bytes of one claim, so a
+	// backlog of large rows does not grow the relay's memory; a claim
+	// always takes at least one row. Defaults to 16 MiB; at least
+	// MaxEventBytes, at most 1 GiB.
+	MaxClaimBytes int
 }
+
+// Byte limits of a claim.
+const (
+	DefaultMaxEventBytes = 4 << 20
+	DefaultMaxClaimBytes = 16 << 20
+	maxBytesLimit        = 1 << 30
+)
 
 // WithDefaults fills unset names and checks them.
 func (c Config) WithDefaults() (Config, error) {
@@ -40,6 +58,18 @@ func (c Config) WithDefaults() (Config, error) {
 		if err := checkName(f.v); err != nil {
 			return c, fmt.Errorf("store config: %s %q: %w", f.field, f.v, err)
 		}
+	}
+	if c.MaxEventBytes == 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.MaxClaimBytes == 0 {
+		c.MaxClaimBytes = max(DefaultMaxClaimBytes, c.MaxEventBytes)
+	}
+	switch {
+	case c.MaxEventBytes < 0 || c.MaxEventBytes > maxBytesLimit:
+		return c, fmt.Errorf("store config: max_event_bytes %d is out of range 1..%d", c.MaxEventBytes, maxBytesLimit)
+	case c.MaxClaimBytes < c.MaxEventBytes || c.MaxClaimBytes > maxBytesLimit:
+		return c, fmt.Errorf("store config: max_claim_bytes %d is out of range %d (max_event_bytes)..%d", c.MaxClaimBytes, c.MaxEventBytes, maxBytesLimit)
 	}
 	if c.Table == c.ProcessedTable {
 		return c, errors.New("store config: table and processed_table must differ")

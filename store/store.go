@@ -2,9 +2,13 @@ package store
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,9 +43,22 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	}
 	n := cfg.names()
 	// Candidates carry every column the relay needs, so no statement reads a
-	// row twice.
-	cols := "id, uid::text, aggregate_id, type, payload, headers, created_at, attempts"
+	// row twice, and their size, so no oversized payload leaves the server.
+	cols := "id, uid::text AS uid, aggregate_id, type, payload, headers, created_at, attempts," +
+		" octet_length(payload::text) + coalesce(octet_length(headers::text), 0) AS size"
 	pending := `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
+	// The result sends a row's payload only when the row fits the event
+	// limit ($2) and the claim's running total of fitting rows stays within
+	// the claim limit ($3). An oversized row comes back without its payload,
+	// to be held; rows past the claim limit come back with within = false
+	// and stay pending.
+	// The first fitting row is always within, so a claim makes progress
+	// whatever the limits.
+	within := `(w.total <= $3 OR w.total = c.size)`
+	result := `c.id, c.uid, c.aggregate_id::text, c.type,
+       CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload::text END,
+       c.headers::text, c.created_at, c.attempts, c.size, ` + within
+	running := `SELECT id, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY id) AS total FROM cand`
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
 	// retry. Then, per aggregate in the claim, the first pending event the
@@ -54,7 +71,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 WITH held AS (
     SELECT DISTINCT aggregate_id FROM ` + n.Outbox + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
-), cand AS (
+), cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
     WHERE ` + pending + `
       AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
@@ -71,18 +88,22 @@ WITH held AS (
         LIMIT 1
     ) AS first_out
     FROM (SELECT DISTINCT aggregate_id FROM cand) a
-)
-SELECT c.id, c.uid, c.aggregate_id::text, c.type, c.payload, c.headers, c.created_at, c.attempts,
+), w AS (` + running + `)
+SELECT ` + result + `,
        g.first_out IS NULL OR c.id < g.first_out
-FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id
+FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id JOIN w ON w.id = c.id
 ORDER BY c.id`
 	unordered := `
-SELECT id, uid::text, aggregate_id::text, type, payload, headers, created_at, attempts, true
-FROM ` + n.Outbox + `
-WHERE ` + pending + `
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED`
+WITH cand AS MATERIALIZED (
+    SELECT ` + cols + ` FROM ` + n.Outbox + `
+    WHERE ` + pending + `
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), w AS (` + running + `)
+SELECT ` + result + `, true
+FROM cand c JOIN w ON w.id = c.id
+ORDER BY c.id`
 	return &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
 		claimOrdered:   ordered,
@@ -112,6 +133,12 @@ func (s *Store) Ping(ctx context.Context) error {
 // Claim implements core.Store. The claim is one transaction holding row
 // locks, so a relay that dies mid-batch releases its events at once when its
 // connection drops, and the mark commits together with nothing else.
+//
+// A row's content never fails the claim: a row the relay cannot turn into
+// an event (headers that are not an object of strings, a malformed type, a
+// size over MaxEventBytes) comes back as a rejection, which the relay holds
+// like a permanent publish failure. In ordered mode the later events of its
+// aggregate stay out of the claim.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	q := s.claimOrdered
 	if req.Unordered {
@@ -121,56 +148,124 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	if err != nil {
 		return nil, fmt.Errorf("begin claim: %w", err)
 	}
-	rows, err := tx.Query(ctx, q, req.Limit)
+	rows, err := tx.Query(ctx, q, req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
-	// Every candidate comes back with whether the gate lets it through; the
-	// others stay locked, unpublished, until the claim ends.
 	// Limit comes from the caller: a negative one must reach PostgreSQL as
 	// an error, a huge one must not allocate up front.
-	events := make([]core.Event, 0, min(max(req.Limit, 0), 1000))
-	gated := false
+	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
+	var rejectedAggs map[string]bool
 	for rows.Next() {
-		var e core.Event
-		var pass bool
-		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &e.Headers, &e.CreatedAt, &e.Attempts, &pass); err != nil {
+		var (
+			e              core.Event
+			headers        *string
+			size           int64
+			within, passes bool
+		)
+		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &headers, &e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
 			rows.Close()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
 		}
-		if !pass {
-			gated = true
+		// Rows the gate or the claim's byte limit leave out stay locked,
+		// unpublished, until the claim ends.
+		if !passes || !within {
+			c.cut = true
 			continue
 		}
-		events = append(events, e)
+		if !req.Unordered && rejectedAggs[e.AggregateID] {
+			c.cut = true
+			continue
+		}
+		if err := s.decode(&e, headers, size); err != nil {
+			e.Payload = nil
+			c.rejected = append(c.rejected, core.Rejection{Event: e, Err: err})
+			if rejectedAggs == nil {
+				rejectedAggs = map[string]bool{}
+			}
+			rejectedAggs[e.AggregateID] = true
+			continue
+		}
+		c.events = append(c.events, e)
 	}
 	if err := rows.Err(); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
-	if len(events) == 0 {
+	if len(c.events) == 0 && len(c.rejected) == 0 {
 		// Hold no transaction for an empty claim.
 		if err := tx.Rollback(ctx); err != nil {
 			return nil, fmt.Errorf("end empty claim: %w", err)
 		}
-		return &claim{s: s, gated: gated}, nil
+		return c, nil
 	}
-	return &claim{s: s, tx: tx, events: events, gated: gated}, nil
+	c.tx = tx
+	return c, nil
+}
+
+// decode checks what the query could not: the parts of a row a broker
+// message is made of. The payload column is JSON, so PostgreSQL has already
+// checked it.
+func (s *Store) decode(e *core.Event, headers *string, size int64) error {
+	if size > int64(s.cfg.MaxEventBytes) {
+		return fmt.Errorf("payload and headers are %d bytes, over the relay's limit of %d", size, s.cfg.MaxEventBytes)
+	}
+	if e.Payload == nil {
+		// The row grew past the limit between the two checks: impossible
+		// in one statement, but never publish an empty payload.
+		return errors.New("payload was not read")
+	}
+	if err := checkType(e.Type); err != nil {
+		return err
+	}
+	if headers != nil && *headers != "null" {
+		if err := json.Unmarshal([]byte(*headers), &e.Headers); err != nil {
+			return fmt.Errorf("headers are not a JSON object of strings: %s", truncate(*headers, 200))
+		}
+	}
+	return nil
+}
+
+// checkType refuses types a broker route or header cannot carry.
+func checkType(t string) error {
+	if t == "" {
+		return errors.New("type is empty")
+	}
+	if !utf8.ValidString(t) {
+		return errors.New("type is not valid UTF-8")
+	}
+	for _, r := range t {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return fmt.Errorf("type %q contains whitespace or a control character", truncate(t, 200))
+		}
+	}
+	return nil
 }
 
 type claim struct {
-	s      *Store
-	tx     pgx.Tx
-	events []core.Event
-	gated  bool // some candidates wait for other relays' claims
+	s        *Store
+	tx       pgx.Tx
+	events   []core.Event
+	rejected []core.Rejection
+	cut      bool // some candidates were left out and stay pending
 }
+
+var (
+	_ core.Store     = (*Store)(nil)
+	_ core.Pinger    = (*Store)(nil)
+	_ core.Truncated = (*claim)(nil)
+	_ core.Rejecter  = (*claim)(nil)
+)
 
 func (c *claim) Events() []core.Event { return c.events }
 
+// Rejected implements core.Rejecter.
+func (c *claim) Rejected() []core.Rejection { return c.rejected }
+
 // Truncated implements core.Truncated.
-func (c *claim) Truncated() bool { return c.gated }
+func (c *claim) Truncated() bool { return c.cut }
 
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	if c.tx == nil {

@@ -341,6 +341,7 @@ func (c *claimCounter) Claimed(int, time.Duration)                  { c.n.Add(1)
 func (c *claimCounter) Published(*core.Event, time.Duration, error) {}
 func (c *claimCounter) Completed(int, int, time.Duration)           {}
 func (c *claimCounter) Errored(string, error)                       {}
+func (*claimCounter) Rejected(*core.Event, error)                   {}
 
 // startRelay runs a relay whose poll interval is far longer than the test,
 // so only a wake-up can make it claim again.

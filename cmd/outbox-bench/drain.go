@@ -61,6 +61,7 @@ func (o *drainObserver) Claimed(n int, d time.Duration) {
 func (o *drainObserver) Published(*core.Event, time.Duration, error) {}
 func (o *drainObserver) Completed(done, _ int, _ time.Duration)      { o.done.Add(int64(done)) }
 func (o *drainObserver) Errored(string, error)                       {}
+func (*drainObserver) Rejected(*core.Event, error)                   {}
 
 func (o *drainObserver) claimTimes() []time.Duration {
 	o.mu.Lock()

@@ -85,7 +85,7 @@ func NewObserver(opts Options) (*Observer, error) {
 		broker: o.Broker,
 		topic:  o.Topic,
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total",
-			Help: "Publish attempts by broker, topic and outcome (ok or error)."}, []string{"broker", "topic", "outcome"}),
+			Help: "Publish attempts by broker, topic and outcome: ok, error, or rejected (a row held because it cannot be relayed)."}, []string{"broker", "topic", "outcome"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "publish_errors_total",
 			Help: "Failed publish attempts by broker and class: transient, permanent, timeout or canceled."}, []string{"broker", "class"}),
 		relay: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relay_errors_total",
@@ -178,6 +178,12 @@ func (o *Observer) Completed(done, failed int, d time.Duration) {
 	o.complete.Observe(d.Seconds())
 	o.recorded.WithLabelValues("dispatched").Add(float64(done))
 	o.recorded.WithLabelValues("failed").Add(float64(failed))
+}
+
+// Rejected implements core.Observer: the row counts as an event with
+// result "rejected".
+func (o *Observer) Rejected(e *core.Event, _ error) {
+	o.events.WithLabelValues(o.broker, o.topic(e), "rejected").Inc()
 }
 
 // Errored implements core.Observer.

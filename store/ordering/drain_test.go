@@ -51,6 +51,7 @@ func (s *claimStats) Claimed(n int, d time.Duration) {
 func (s *claimStats) Published(*core.Event, time.Duration, error) {}
 func (s *claimStats) Completed(int, int, time.Duration)           {}
 func (s *claimStats) Errored(string, error)                       {}
+func (*claimStats) Rejected(*core.Event, error)                   {}
 
 type drainCase struct {
 	unordered  bool

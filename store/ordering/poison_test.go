@@ -90,6 +90,7 @@ func (c *failureCounter) Published(_ *core.Event, _ time.Duration, err error) {
 }
 func (c *failureCounter) Completed(int, int, time.Duration) {}
 func (c *failureCounter) Errored(string, error)             {}
+func (*failureCounter) Rejected(*core.Event, error)         {}
 
 type syncBuffer struct {
 	mu sync.Mutex

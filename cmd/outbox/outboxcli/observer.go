@@ -27,6 +27,12 @@ func (m multiObserver) Completed(done, failed int, d time.Duration) {
 	}
 }
 
+func (m multiObserver) Rejected(e *core.Event, err error) {
+	for _, o := range m {
+		o.Rejected(e, err)
+	}
+}
+
 func (m multiObserver) Errored(op string, err error) {
 	for _, o := range m {
 		o.Errored(op, err)
