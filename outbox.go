@@ -54,9 +54,6 @@ type WriterOptions struct {
 	// MaxPayloadBytes rejects larger payloads; default 1 MiB. Brokers have
 	// their own limits (Kafka's default is 1 MB per message).
 	MaxPayloadBytes int
-	// DisableNotify skips the NOTIFY that wakes relays at commit. Set it
-	// when no relay listens (behind PgBouncer in transaction mode).
-	DisableNotify bool
 	// Propagator, when set, stores the trace context of ctx (W3C
 	// traceparent with the usual propagator) in the event's headers.
 	Propagator propagation.TextMapPropagator
@@ -65,7 +62,7 @@ type WriterOptions struct {
 // Writer writes events. It is safe for concurrent use.
 type Writer struct {
 	opts   WriterOptions
-	insert string
+	insert *store.Insert
 }
 
 // NewWriter checks opts and prepares the insert statement.
@@ -81,16 +78,11 @@ func NewWriter(opts WriterOptions) (*Writer, error) {
 	if opts.MaxPayloadBytes == 0 {
 		opts.MaxPayloadBytes = 1 << 20
 	}
-	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
-	// One statement and one round trip for any number of events; the
-	// NOTIFY rides along and is delivered by PostgreSQL at commit.
-	q := `INSERT INTO ` + table + ` (uid, aggregate_id, type, payload, headers)
-SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5::text[]::jsonb[])`
-	if !opts.DisableNotify {
-		q = `WITH ins AS (` + q + ` RETURNING 1)
-SELECT pg_notify($6, '') FROM (SELECT count(*) FROM ins) AS n`
+	ins, err := store.NewInsert(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("new writer: %w", err)
 	}
-	return &Writer{opts: opts, insert: q}, nil
+	return &Writer{opts: opts, insert: ins}, nil
 }
 
 // ValidationError says which message of a Write was rejected and why.
@@ -129,12 +121,9 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		}
 		uids[i], aggs[i], types[i], payloads[i], headers[i] = v.uid, v.agg, m.Type, v.payload, v.headers
 	}
-	args := []any{uids, aggs, types, payloads, headers}
-	if !w.opts.DisableNotify {
-		args = append(args, w.opts.Store.NotifyChannel)
-	}
-	if _, err := tx.Exec(ctx, w.insert, args...); err != nil {
-		return fmt.Errorf("outbox: insert %d events: %w", n, err)
+	rows := store.InsertRows{UIDs: uids, AggregateIDs: aggs, Types: types, Payloads: payloads, Headers: headers}
+	if err := w.insert.Exec(ctx, tx, rows); err != nil {
+		return fmt.Errorf("outbox: %w", err)
 	}
 	return nil
 }
@@ -174,13 +163,8 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		}
 		p.uid = id.String()
 	}
-	switch {
-	case strings.TrimSpace(m.Type) == "":
-		return bad("type", "is empty")
-	case len(m.Type) > 255:
-		return bad("type", "is longer than 255 bytes")
-	case !utf8.ValidString(m.Type) || strings.ContainsFunc(m.Type, isControl):
-		return bad("type", "%q has invalid or control characters", truncateForError(m.Type))
+	if err := store.CheckType(m.Type); err != nil {
+		return bad("type", "%s", strings.TrimPrefix(err.Error(), "type "))
 	}
 	var raw []byte
 	switch v := m.Payload.(type) {
@@ -225,13 +209,14 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		if err != nil {
 			return bad("headers", "cannot be serialized: %v", err)
 		}
+		if len(b) > store.MaxHeadersBytes {
+			return bad("headers", "are %d bytes as JSON, over the limit of %d", len(b), store.MaxHeadersBytes)
+		}
 		s := string(b)
 		p.headers = &s
 	}
 	return p, nil
 }
-
-func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 func truncateForError(s string) string {
 	if len(s) > 64 {

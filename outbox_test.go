@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -330,8 +332,7 @@ func TestHeadersUIDAndTraceContext(t *testing.T) {
 
 func TestWriteNotifiesAtCommit(t *testing.T) {
 	ctx := context.Background()
-	pool, cfg := pgtest.Schema(t)
-	cfg.NotifyChannel = `notify "` + cfg.Schema + `"`
+	pool, cfg := pgtest.SchemaWith(t, store.Config{NotifyChannel: `notify "` + randomName() + `" \'x'`})
 	w := newWriter(t, outbox.WriterOptions{Store: cfg})
 	conn, err := pgx.Connect(ctx, pgtest.URL(t))
 	if err != nil {
@@ -361,3 +362,5 @@ func TestWriteNotifiesAtCommit(t *testing.T) {
 		t.Fatalf("notified on %q, want %q", n.Channel, cfg.NotifyChannel)
 	}
 }
+
+func randomName() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }

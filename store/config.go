@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -101,7 +102,10 @@ func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 type names struct {
 	Schema, Outbox, Processed, Migrations              string
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
+	UIDIdx, TypeCheck, HeadersCheck, NotifyTrigger     string
+	UIDFunc, NotifyFunc                                string
 	Channel                                            string // raw, for pg_notify and LISTEN
+	ChannelLiteral                                     string // quoted, for the notify trigger
 }
 
 func (c Config) names() names {
@@ -114,6 +118,13 @@ func (c Config) names() names {
 		AggregateIdx:   ident(c.Table + "_pending_agg"),
 		RetryIdx:       ident(c.Table + "_retrying"),
 		ProcessedAtIdx: ident(c.ProcessedTable + "_at"),
+		UIDIdx:         ident(c.Table + "_uid"),
+		TypeCheck:      ident(c.Table + "_type_check"),
+		HeadersCheck:   ident(c.Table + "_headers_check"),
+		NotifyTrigger:  ident(c.Table + "_notify"),
+		UIDFunc:        ident(c.Schema, c.Table+"_uuidv7"),
+		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
 		Channel:        c.NotifyChannel,
+		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}
 }

@@ -28,18 +28,19 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stmts) != 9 {
-		t.Errorf("%d statements, want 9: %q", len(stmts), stmts)
+	if len(stmts) != 10 {
+		t.Errorf("%d statements, want 10: %q", len(stmts), stmts)
 	}
 	// With every correctly quoted name taken out, only keywords are left.
 	names := []string{
 		pgx.Identifier{evil, evil + "t"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_migrations"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_id_seq"}.Sanitize(),
+		pgx.Identifier{evil, evil + "t_uuidv7"}.Sanitize() + "()",
 		pgx.Identifier{evil, "processed_events"}.Sanitize(),
 		pgx.Identifier{evil}.Sanitize(), `"p"`, `"c"`,
 	}
-	shape := regexp.MustCompile(`^GRANT [A-Z, ]+ ON (SCHEMA|TABLE|SEQUENCE)  TO $`)
+	shape := regexp.MustCompile(`^GRANT [A-Z, ]+ ON (SCHEMA|TABLE|SEQUENCE|FUNCTION)  TO $`)
 	for _, s := range stmts {
 		rest := s
 		for _, n := range names {

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -39,8 +41,29 @@ func (s *Store) listenOnce(ctx context.Context, wake, connected func()) error {
 		return fmt.Errorf("connect listener: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+ident(s.cfg.NotifyChannel)); err != nil {
-		return fmt.Errorf("listen %s: %w", s.cfg.NotifyChannel, err)
+	channels := []string{s.cfg.NotifyChannel}
+	// The table's trigger notifies the channel configured when it was
+	// migrated; a relay configured with another one listens there too
+	// rather than sleeping out its poll interval.
+	var args []byte
+	err = conn.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2`,
+		s.n.Outbox, s.cfg.Table+"_notify").Scan(&args)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		s.log.Warn("the outbox table has no notify trigger; producers that do not notify wait for the poll", "table", s.cfg.Table)
+	case err != nil:
+		return fmt.Errorf("look up notify trigger: %w", err)
+	default:
+		if ch, _, _ := bytes.Cut(args, []byte{0}); string(ch) != s.cfg.NotifyChannel {
+			s.log.Warn("the table's trigger notifies another channel than the one configured; listening on both",
+				"configured", s.cfg.NotifyChannel, "trigger", string(ch))
+			channels = append(channels, string(ch))
+		}
+	}
+	for _, ch := range channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+ident(ch)); err != nil {
+			return fmt.Errorf("listen %s: %w", ch, err)
+		}
 	}
 	connected()
 	wake()

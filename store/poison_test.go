@@ -37,7 +37,7 @@ func newPoisonFixture(t *testing.T) *poisonFixture {
 // their ids in order.
 func (f *poisonFixture) write(agg string, types ...string) []int64 {
 	f.t.Helper()
-	w, err := outbox.NewWriter(outbox.WriterOptions{Store: f.cfg, DisableNotify: true})
+	w, err := outbox.NewWriter(outbox.WriterOptions{Store: f.cfg})
 	if err != nil {
 		f.t.Fatal(err)
 	}

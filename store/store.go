@@ -217,8 +217,11 @@ func (s *Store) decode(e *core.Event, headers *string, size int64) error {
 		// in one statement, but never publish an empty payload.
 		return errors.New("payload was not read")
 	}
-	if err := checkType(e.Type); err != nil {
+	if err := CheckType(e.Type); err != nil {
 		return err
+	}
+	if headers != nil && len(*headers) > MaxHeadersBytes {
+		return fmt.Errorf("headers are %d bytes, over the limit of %d", len(*headers), MaxHeadersBytes)
 	}
 	if headers != nil && *headers != "null" {
 		if err := json.Unmarshal([]byte(*headers), &e.Headers); err != nil {
@@ -228,17 +231,27 @@ func (s *Store) decode(e *core.Event, headers *string, size int64) error {
 	return nil
 }
 
-// checkType refuses types a broker route or header cannot carry.
-func checkType(t string) error {
-	if t == "" {
+// Limits of an event's parts that every producer and the relay share; the
+// table's checks (migration 4) state them again in SQL.
+const (
+	MaxTypeBytes    = 255
+	MaxHeadersBytes = 64 << 10 // as JSON; AMQP sends headers in one frame
+)
+
+// CheckType refuses a type a broker route or header cannot carry: empty,
+// longer than MaxTypeBytes, or with whitespace or control characters.
+func CheckType(t string) error {
+	switch {
+	case t == "":
 		return errors.New("type is empty")
-	}
-	if !utf8.ValidString(t) {
+	case len(t) > MaxTypeBytes:
+		return fmt.Errorf("type is %d bytes, over the limit of %d", len(t), MaxTypeBytes)
+	case !utf8.ValidString(t):
 		return errors.New("type is not valid UTF-8")
 	}
 	for _, r := range t {
 		if unicode.IsSpace(r) || unicode.IsControl(r) {
-			return fmt.Errorf("type %q contains whitespace or a control character", truncate(t, 200))
+			return fmt.Errorf("type %q contains whitespace or a control character", t)
 		}
 	}
 	return nil

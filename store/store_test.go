@@ -432,44 +432,57 @@ func awaitListening(t *testing.T, pool *pgxpool.Pool, channel string, obs *claim
 
 // The Writer's NOTIFY wakes a relay sleeping out an hour-long poll.
 func TestWriteWakesRelay(t *testing.T) {
-	pool, cfg := pgtest.Schema(t)
-	cfg.NotifyChannel = "wake_" + cfg.Schema // not shared with other tests
+	pool, cfg := pgtest.SchemaWith(t, store.Config{NotifyChannel: "wake_" + uuid.NewString()}) // not shared with other tests
 	in := newInstance(t, pool, cfg)
 	pub, obs := startRelay(t, in.s)
 	awaitListening(t, pool, cfg.NotifyChannel, obs, nil)
 	d := writeAndAwait(t, in, pub, 5*time.Second)
 	t.Logf("commit to publish: %v", d)
 
-	// With notifications off, the same write waits for the poll.
-	quiet, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg, DisableNotify: true})
+	// A row inserted by plain SQL, naming only the columns a SQL producer
+	// must, wakes it too: the table's trigger sends the NOTIFY.
+	ctx := context.Background()
+	var uid string
+	err := pool.QueryRow(ctx, `INSERT INTO `+in.table()+` (aggregate_id, type, payload)
+VALUES ('00000000-0000-4000-8000-000000000002', 'order.placed', '{"n":1}') RETURNING uid::text`).Scan(&uid)
 	if err != nil {
+		t.Fatalf("plain SQL insert: %v", err)
+	}
+	select {
+	case got := <-pub.got:
+		if got != uid {
+			t.Fatalf("published %s, want the SQL row %s", got, uid)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a row inserted by SQL did not wake the relay")
+	}
+
+	// With the trigger disabled, a write waits for the poll.
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+in.table()+` DISABLE TRIGGER `+pgx.Identifier{in.cfg.Table + "_notify"}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	claims := obs.n.Load()
-	tx, err := pool.Begin(context.Background())
+	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	msg := outbox.Message{AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}
-	if err := quiet.Write(context.Background(), tx, msg); err != nil {
+	if err := in.w.Write(ctx, tx, msg); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(context.Background()); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// A notifying write after it: once that one is published, the quiet
-	// one's notification would have arrived first had there been one.
-	writeAndAwait(t, in, pub, 5*time.Second)
-	if got := obs.n.Load() - claims; got != 1 {
-		t.Fatalf("%d claims after two writes, want 1: the write with DisableNotify woke the relay", got)
+	time.Sleep(300 * time.Millisecond)
+	if got := obs.n.Load() - claims; got != 0 {
+		t.Fatalf("%d claims after a write with the trigger disabled, want 0", got)
 	}
 }
 
 // After the listener's connection is killed, Listen reconnects and a new
 // commit still wakes the relay.
 func TestListenReconnectsAfterKill(t *testing.T) {
-	pool, cfg := pgtest.Schema(t)
-	cfg.NotifyChannel = "wake_" + cfg.Schema
+	pool, cfg := pgtest.SchemaWith(t, store.Config{NotifyChannel: "wake_" + uuid.NewString()})
 	in := newInstance(t, pool, cfg)
 	pub, obs := startRelay(t, in.s)
 	old := awaitListening(t, pool, cfg.NotifyChannel, obs, nil)
@@ -521,4 +534,16 @@ func TestClaimOddLimits(t *testing.T) {
 	if err != nil || len(c.Events()) != 0 {
 		t.Fatalf("claim with limit 0: %v, %d events", err, len(c.Events()))
 	}
+}
+
+// A relay configured with another notify channel than the one the table
+// was migrated with still wakes on commits: it listens on the trigger's too.
+func TestListenFollowsTriggerChannel(t *testing.T) {
+	table := "t_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	pool, cfg := pgtest.SchemaWith(t, store.Config{Table: table}) // the trigger notifies the table's name
+	cfg.NotifyChannel = "elsewhere_" + uuid.NewString()
+	in := newInstance(t, pool, cfg)
+	pub, obs := startRelay(t, in.s)
+	awaitListening(t, pool, table, obs, nil) // the listener's last statement
+	writeAndAwait(t, in, pub, 5*time.Second)
 }

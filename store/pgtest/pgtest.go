@@ -60,8 +60,15 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 // returns a pool and the store configuration naming it.
 func Schema(t testing.TB) (*pgxpool.Pool, store.Config) {
 	t.Helper()
+	return SchemaWith(t, store.Config{})
+}
+
+// SchemaWith is Schema with the other fields of cfg (a notify channel, a
+// table name) applied before migrating; the schema is always a fresh one.
+func SchemaWith(t testing.TB, cfg store.Config) (*pgxpool.Pool, store.Config) {
+	t.Helper()
 	pool := NewPool(t)
-	cfg := store.Config{Schema: "test_" + randomHex(6)}
+	cfg.Schema = "test_" + randomHex(6)
 	ctx := context.Background()
 	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
 		t.Fatalf("migrate: %v", err)

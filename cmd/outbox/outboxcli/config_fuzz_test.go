@@ -96,13 +96,23 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Schema, sc.Table + "_migrations"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_id_seq"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.ProcessedTable}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_uuidv7"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_notify"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table}.Sanitize(),
+		pgx.Identifier{sc.Table + "_headers_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_type_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_notify"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_uid"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending_agg"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_retrying"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending"}.Sanitize(),
 		pgx.Identifier{sc.ProcessedTable + "_at"}.Sanitize(),
 		pgx.Identifier{sc.Schema}.Sanitize(),
 		pgx.Identifier{role}.Sanitize(),
+		// String literals that hold double quotes: the header check's path
+		// and the notify channel (its quoting is tested against a server).
+		`'$.* ? (@.type() != "string")'`,
+		"E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(sc.NotifyChannel) + "'",
 	}
 	for _, s := range sql {
 		rest := s
