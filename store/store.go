@@ -27,6 +27,12 @@ type Store struct {
 	markDone, markFailed         string
 }
 
+var (
+	_ core.Store    = (*Store)(nil)
+	_ core.Notifier = (*Store)(nil)
+	_ core.Pinger   = (*Store)(nil)
+)
+
 // New returns a Store over pool. The schema must have been migrated.
 // log may be nil.
 func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
@@ -166,6 +172,11 @@ type claim struct {
 	events []core.Event
 	gated  bool // some candidates wait for other relays' claims
 }
+
+var (
+	_ core.Claim     = (*claim)(nil)
+	_ core.Truncated = (*claim)(nil)
+)
 
 func (c *claim) Events() []core.Event { return c.events }
 

@@ -353,6 +353,8 @@ type recorder struct {
 	count map[string]int
 }
 
+var _ core.Publisher = (*recorder)(nil)
+
 func newRecorder() *recorder { return &recorder{count: make(map[string]int)} }
 
 func (r *recorder) Publish(ctx context.Context, e *core.Event) error {

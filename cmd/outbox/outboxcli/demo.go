@@ -272,6 +272,8 @@ func demoPoints(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error)
 // twice publishes every event two times, as a redelivering broker would.
 type twice struct{ core.Publisher }
 
+var _ core.Publisher = twice{}
+
 func (t twice) Publish(ctx context.Context, e *core.Event) error {
 	if err := t.Publisher.Publish(ctx, e); err != nil {
 		return err
