@@ -105,6 +105,8 @@ func Open(ctx context.Context, name string, p Params) (core.Publisher, error) {
 
 type emptyDecoder struct{}
 
+var _ Decoder = emptyDecoder{}
+
 func (emptyDecoder) Decode(any) error { return nil }
 
 // Registered reports whether name is registered.
@@ -113,6 +115,8 @@ func Registered(name string) bool { return slices.Contains(Names(), name) }
 // DecoderFunc adapts a function to Decoder, for tests and for binaries that
 // configure brokers without the CLI's configuration loader.
 type DecoderFunc func(v any) error
+
+var _ Decoder = DecoderFunc(nil)
 
 // Decode implements Decoder.
 func (f DecoderFunc) Decode(v any) error { return f(v) }

@@ -20,6 +20,8 @@ type Observer interface {
 
 type nopObserver struct{}
 
+var _ Observer = nopObserver{}
+
 func (nopObserver) Claimed(int, time.Duration)             {}
 func (nopObserver) Published(*Event, time.Duration, error) {}
 func (nopObserver) Completed(int, int, time.Duration)      {}

@@ -242,13 +242,13 @@ type CleanupResult struct {
 func (o CleanupOptions) withDefaults() (CleanupOptions, error) {
 	switch {
 	case o.Dispatched < 0:
-		return o, fmt.Errorf("Dispatched %v is negative", o.Dispatched)
+		return o, fmt.Errorf("cleanup options: Dispatched %v is negative", o.Dispatched)
 	case o.Processed < 0:
-		return o, fmt.Errorf("Processed %v is negative", o.Processed)
+		return o, fmt.Errorf("cleanup options: Processed %v is negative", o.Processed)
 	case o.BatchSize < 0:
-		return o, fmt.Errorf("BatchSize %d is negative", o.BatchSize)
+		return o, fmt.Errorf("cleanup options: BatchSize %d is negative", o.BatchSize)
 	case o.Pause < 0:
-		return o, fmt.Errorf("Pause %v is negative", o.Pause)
+		return o, fmt.Errorf("cleanup options: Pause %v is negative", o.Pause)
 	}
 	if o.Dispatched == 0 {
 		o.Dispatched = DefaultDispatchedRetention

@@ -31,6 +31,12 @@ type Store struct {
 	markDone, markFailed         string
 }
 
+var (
+	_ core.Store    = (*Store)(nil)
+	_ core.Notifier = (*Store)(nil)
+	_ core.Pinger   = (*Store)(nil)
+)
+
 // New returns a Store over pool. The schema must have been migrated.
 // log may be nil.
 func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
@@ -266,8 +272,7 @@ type claim struct {
 }
 
 var (
-	_ core.Store     = (*Store)(nil)
-	_ core.Pinger    = (*Store)(nil)
+	_ core.Claim     = (*claim)(nil)
 	_ core.Truncated = (*claim)(nil)
 	_ core.Rejecter  = (*claim)(nil)
 )

@@ -199,6 +199,8 @@ type topology struct {
 	done map[string]bool
 }
 
+var _ message.Publisher = (*topology)(nil)
+
 func (t *topology) Publish(topic string, msgs ...*message.Message) error {
 	if err := t.ensure(topic); err != nil {
 		return err

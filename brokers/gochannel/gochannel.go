@@ -53,4 +53,6 @@ func New(ch *wmgo.GoChannel, topics *brokers.Routing) core.Publisher {
 
 type keepOpen struct{ *wm.Publisher }
 
+var _ core.Publisher = keepOpen{}
+
 func (keepOpen) Close() error { return nil }

@@ -178,6 +178,8 @@ type creator struct {
 	known map[string]bool
 }
 
+var _ message.Publisher = (*creator)(nil)
+
 func (c *creator) Publish(topic string, msgs ...*message.Message) error {
 	if err := c.ensure(topic); err != nil {
 		return err

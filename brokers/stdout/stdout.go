@@ -43,6 +43,8 @@ type Publisher struct {
 	topics *brokers.Routing
 }
 
+var _ core.Publisher = (*Publisher)(nil)
+
 // New returns a publisher writing to w, which it does not close.
 func New(w io.Writer, topics *brokers.Routing) *Publisher {
 	if topics == nil {

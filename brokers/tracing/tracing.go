@@ -71,6 +71,8 @@ type publisher struct {
 	tracer trace.Tracer
 }
 
+var _ core.Publisher = (*publisher)(nil)
+
 // Publish implements core.Publisher. It leaves e untouched: the span's
 // traceparent goes out on a copy whose headers are a new map, as the relay
 // may hold on to e (and its headers) for a retry.
@@ -120,5 +122,10 @@ type pingingPublisher struct {
 	*publisher
 	pinger core.Pinger
 }
+
+var (
+	_ core.Publisher = (*pingingPublisher)(nil)
+	_ core.Pinger    = (*pingingPublisher)(nil)
+)
 
 func (p *pingingPublisher) Ping(ctx context.Context) error { return p.pinger.Ping(ctx) }

@@ -136,7 +136,7 @@ func TestTraceSpansProducerRelayConsumer(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range relay.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["messaging.message.id"] != msg.Metadata.Get(core.HeaderEventUID) || attrs["messaging.system"] != "rabbitmq" ||
 		attrs["messaging.destination.name"] != "orders" {

@@ -22,6 +22,8 @@ type guarded struct {
 	closed bool
 }
 
+var _ message.Publisher = (*guarded)(nil)
+
 func (g *guarded) Publish(topic string, msgs ...*message.Message) error {
 	g.mu.RLock()
 	defer g.mu.RUnlock()

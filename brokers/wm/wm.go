@@ -26,6 +26,8 @@ type Publisher struct {
 	classify Classifier
 }
 
+var _ core.Publisher = (*Publisher)(nil)
+
 // New wraps pub. classify may be nil (every publish error is transient).
 func New(pub message.Publisher, topics *brokers.Routing, classify Classifier) *Publisher {
 	if topics == nil {

@@ -105,16 +105,6 @@ FROM generate_series($1::bigint, $2::bigint) AS g`
 	return nil
 }
 
-// pending counts events not yet dispatched.
-func (b *bench) pending(ctx context.Context, cfg store.Config) (int, error) {
-	var n int
-	err := b.pool.QueryRow(ctx, "SELECT count(*) FROM "+outboxTable(cfg)+" WHERE dispatched_at IS NULL").Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("count pending: %w", err)
-	}
-	return n, nil
-}
-
 // settle gives the server a quiet start between measurements.
 func (b *bench) settle(ctx context.Context) {
 	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {

@@ -40,6 +40,8 @@ func (r rate) PerSec() float64 {
 // relay and the database, not a broker.
 type counter struct{ n atomic.Int64 }
 
+var _ core.Publisher = (*counter)(nil)
+
 func (c *counter) Publish(context.Context, *core.Event) error { c.n.Add(1); return nil }
 func (c *counter) Close() error                               { return nil }
 
@@ -49,6 +51,8 @@ type drainObserver struct {
 	mu     sync.Mutex
 	claims []time.Duration
 }
+
+var _ core.Observer = (*drainObserver)(nil)
 
 func (o *drainObserver) Claimed(n int, d time.Duration) {
 	if n == 0 {
@@ -230,6 +234,8 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 // wmCounter is a Watermill publisher that only counts.
 type wmCounter struct{ n atomic.Int64 }
 
+var _ message.Publisher = (*wmCounter)(nil)
+
 func (c *wmCounter) Publish(_ string, msgs ...*message.Message) error {
 	c.n.Add(int64(len(msgs)))
 	return nil
@@ -238,6 +244,8 @@ func (c *wmCounter) Close() error { return nil }
 
 // wmCapture keeps the last messages published to it.
 type wmCapture struct{ msgs []*message.Message }
+
+var _ message.Publisher = (*wmCapture)(nil)
 
 func (c *wmCapture) Publish(_ string, msgs ...*message.Message) error {
 	c.msgs = append(c.msgs[:0], msgs...)

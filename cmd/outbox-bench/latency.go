@@ -21,6 +21,8 @@ type stamps struct {
 	published map[string]time.Time
 }
 
+var _ core.Publisher = (*stamps)(nil)
+
 func newStamps() *stamps {
 	return &stamps{committed: map[string]time.Time{}, published: map[string]time.Time{}}
 }

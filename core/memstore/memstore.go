@@ -28,6 +28,8 @@ type Store struct {
 	claimErr error
 }
 
+var _ core.Store = (*Store)(nil)
+
 type row struct {
 	ev         core.Event
 	dispatched bool
@@ -160,6 +162,8 @@ type claim struct {
 	events []core.Event
 	ended  bool
 }
+
+var _ core.Claim = (*claim)(nil)
 
 func (c *claim) Events() []core.Event { return c.events }
 

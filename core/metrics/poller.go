@@ -17,6 +17,8 @@ type StatusReader interface {
 	Status(ctx context.Context, opts store.StatusOptions) (store.Status, error)
 }
 
+var _ StatusReader = (*store.Store)(nil)
+
 // PollerOptions configure a Poller.
 type PollerOptions struct {
 	Registerer prometheus.Registerer // required

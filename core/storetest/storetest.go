@@ -353,6 +353,8 @@ type recorder struct {
 	count map[string]int
 }
 
+var _ core.Publisher = (*recorder)(nil)
+
 func newRecorder() *recorder { return &recorder{count: make(map[string]int)} }
 
 func (r *recorder) Publish(ctx context.Context, e *core.Event) error {
@@ -527,7 +529,7 @@ func testRetryAt(t *testing.T, in Instance) {
 		return true
 	})
 	// The store's clock may differ slightly from ours; allow a little.
-	if early := retryAt.Sub(time.Now()); early > 50*time.Millisecond {
+	if early := time.Until(retryAt); early > 50*time.Millisecond {
 		t.Fatalf("claimed %v before its retry time", early)
 	}
 	if got.ID != evs[0].ID || got.Attempts != 1 {

@@ -8,7 +8,6 @@ package outboxcli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -164,9 +163,4 @@ func migrateCmd() *cobra.Command {
 			return nil
 		},
 	}
-}
-
-// isCancel reports whether err only says the command was interrupted.
-func isCancel(ctx context.Context, err error) bool {
-	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }

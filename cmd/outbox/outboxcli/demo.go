@@ -247,7 +247,7 @@ func demoConsumer(pool *pgxpool.Pool, cfg store.Config, ch *wmgo.GoChannel, deli
 VALUES ($1, $2) ON CONFLICT (customer_id) DO UPDATE SET points = loyalty.points + excluded.points`, o.CustomerID, o.Amount/100)
 			return err
 		})
-	router.AddNoPublisherHandler("credit-points", "order", ch, func(msg *message.Message) error {
+	router.AddConsumerHandler("credit-points", "order", ch, func(msg *message.Message) error {
 		deliveries.Add(1)
 		return credit(msg)
 	})
@@ -271,6 +271,8 @@ func demoPoints(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error)
 
 // twice publishes every event two times, as a redelivering broker would.
 type twice struct{ core.Publisher }
+
+var _ core.Publisher = twice{}
 
 func (t twice) Publish(ctx context.Context, e *core.Event) error {
 	if err := t.Publisher.Publish(ctx, e); err != nil {

@@ -9,6 +9,8 @@ import (
 // multiObserver fans measurements out to several observers.
 type multiObserver []core.Observer
 
+var _ core.Observer = multiObserver(nil)
+
 func (m multiObserver) Claimed(n int, d time.Duration) {
 	for _, o := range m {
 		o.Claimed(n, d)
