@@ -368,4 +368,3 @@ func (l *Loader) Section(name string) brokers.Decoder {
 		return nil
 	})
 }
-
