@@ -90,8 +90,10 @@ func (n *keyNode) paths(prefix string) []string {
 	return out
 }
 
-// KnownKeys lists every configuration key, broker sections included, sorted:
-// the values that can be set, not the sections that hold them.
+// KnownKeys lists every configuration key, sorted: the values that can be
+// set, not the sections that hold them, with each registered broker's
+// keys (brokers.kafka.sasl_password); a broker registered without a
+// settings type is listed as its section, whose keys are not checked.
 func KnownKeys() []string {
 	root := configKeys()
 	var keys []string

@@ -270,15 +270,22 @@ func (m *masker) add(secrets ...string) {
 	slices.SortFunc(m.values, func(a, b string) int { return len(b) - len(a) })
 }
 
-// spellings are the forms s takes in URLs, quoted strings, JSON logs and
-// libpq quoting.
+// spellings are the forms s takes in URLs, libpq quoting, and quoted
+// strings and JSON, twice over: an error that quotes a setting (%q) is
+// quoted again when it is logged.
 func spellings(s string) []string {
 	out := []string{s, url.QueryEscape(s), url.PathEscape(s),
 		strings.TrimPrefix(url.UserPassword("", s).String(), ":"),
-		strings.TrimSuffix(strings.TrimPrefix(strconv.Quote(s), `"`), `"`),
 		strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s)}
-	if b, err := json.Marshal(s); err == nil {
-		out = append(out, string(b[1:len(b)-1]))
+	for range 2 {
+		for _, v := range out {
+			out = append(out, strings.TrimSuffix(strings.TrimPrefix(strconv.Quote(v), `"`), `"`))
+			if b, err := json.Marshal(v); err == nil {
+				out = append(out, string(b[1:len(b)-1]))
+			}
+		}
+		slices.Sort(out)
+		out = slices.Compact(out)
 	}
 	return slices.DeleteFunc(out, func(v string) bool { return len(v) < minSecret })
 }

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,83 @@ func TestCredentialsMaskedInEveryCommand(t *testing.T) {
 					t.Errorf("status: %v", err)
 				}
 			})
+		}
+	}
+}
+
+// Redact masks each form a credential takes and leaves the rest alone.
+func TestRedact(t *testing.T) {
+	cases := []struct {
+		name, in, want string
+	}{
+		{"URL password", "postgres://relay:hunter2@db:5432/app?sslmode=require", "postgres://relay:xxxxx@db:5432/app?sslmode=require"},
+		{"URL password with an @", "postgres://relay:hun@ter2@db/app", "postgres://relay:xxxxx@db/app"},
+		{"escaped URL password", "postgresql://relay:hun%40ter%2F2@db/app", "postgresql://relay:xxxxx@db/app"},
+		{"password parameter", "postgres://relay@db/app?password=hunter2&sslmode=require", "postgres://relay@db/app?password=xxxxx&sslmode=require"},
+		{"sslpassword parameter", "postgres://relay@db/app?sslmode=verify-full&sslpassword=hunter2", "postgres://relay@db/app?sslmode=verify-full&sslpassword=xxxxx"},
+		{"escaped parameter name", "postgres://db/app?pass%77ord=hunter2", "postgres://db/app?pass%77ord=xxxxx"},
+		{"keyword DSN", "host=db password=hunter2 user=relay", "host=db password=xxxxx user=relay"},
+		{"quoted keyword DSN", `host=db password='hun ter\'2' user=relay`, "host=db password=xxxxx user=relay"},
+		{"spaced keyword DSN", "host=db password = hunter2 user=relay", "host=db password = xxxxx user=relay"},
+		{"amqp URL", "dial amqp://guest:hunter2@rabbit:5672/vhost: refused", "dial amqp://guest:xxxxx@rabbit:5672/vhost: refused"},
+		{"in a quoted log value", `msg=x database="postgres://u@h/db?password=hunter2"`, `msg=x database="postgres://u@h/db?password=xxxxx"`},
+		{"log attribute", "level=INFO sasl_password=hunter2 broker=kafka", "level=INFO sasl_password=xxxxx broker=kafka"},
+		{"environment variable", "OUTBOX_BROKERS_AMQP_PASSWORD=hunter2", "OUTBOX_BROKERS_AMQP_PASSWORD=xxxxx"},
+		{"JSON credentials", `{"type": "service_account", "private_key": "-----BEGIN hunter2\n", "client_secret":"hunter2"}`,
+			`{"type": "service_account", "private_key": "xxxxx", "client_secret":"xxxxx"}`},
+		{"no password", "postgres://relay@db:5432/app?sslmode=require", "postgres://relay@db:5432/app?sslmode=require"},
+		{"no password, port", "amqp://rabbit:5672/", "amqp://rabbit:5672/"},
+		{"files are not secrets", "tls_key_file=/etc/k.pem credentials_file=/etc/sa.json sslkey=/k", "tls_key_file=/etc/k.pem credentials_file=/etc/sa.json sslkey=/k"},
+		{"plain text", "relay: 5 events in 3ms (batch_size=500)", "relay: 5 events in 3ms (batch_size=500)"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := Redact(c.in); got != c.want {
+				t.Errorf("Redact(%q)\n = %q\nwant %q", c.in, got, c.want)
+			}
+		})
+	}
+}
+
+// The masker finds a configured secret however it was spelled on output,
+// and the secrets are found in each form of configuration value.
+func TestMaskerFindsEverySpelling(t *testing.T) {
+	secret := `pa ss@w:o/r?d'"\%` + randomHex(4)
+	var m masker
+	m.add(secret)
+	var logged strings.Builder
+	for _, format := range []string{"text", "json"} {
+		newLogger(m.writer(&logged), LogConfig{Format: format, Level: "info"}).Info("x", "v", secret, "err", fmt.Errorf("%q", secret))
+	}
+	for _, s := range append(spellings(secret), logged.String(), fmt.Sprintf("%q", secret)) {
+		if got := m.mask("<" + s + ">"); strings.Contains(got, secret) || strings.Contains(got, "ss@w") {
+			t.Errorf("mask(%q) = %q", s, got)
+		}
+	}
+	if got := m.mask("ab"); got != "ab" {
+		t.Errorf("masked text without a secret: %q", got)
+	}
+
+	cases := []struct {
+		name, value string
+		want        []string
+	}{
+		{"URL", "postgres://u:p%40w@h/db", []string{"p@w"}},
+		{"query", "postgres://u@h/db?sslmode=disable&password=s3cret&sslpassword=k3y", []string{"s3cret", "k3y"}},
+		{"malformed URL", "postgres://u:s3cret@h:no-port/db", []string{"s3cret"}},
+		{"keyword", `host=h password='a \' b' sslpassword=k3y`, []string{"a ' b", "k3y"}},
+		{"amqp", "amqp://guest:s3cret@rabbit/", []string{"s3cret"}},
+		{"none", "postgres://u@h/db?sslmode=require", nil},
+	}
+	for _, c := range cases {
+		got := dsnSecrets(c.value)
+		for _, w := range c.want {
+			if !slices.Contains(got, w) {
+				t.Errorf("%s: dsnSecrets(%q) = %q, want %q among them", c.name, c.value, got, w)
+			}
+		}
+		if c.want == nil && len(got) > 0 {
+			t.Errorf("%s: dsnSecrets(%q) = %q, want none", c.name, c.value, got)
 		}
 	}
 }
