@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sort"
 	"sync"
@@ -38,6 +39,7 @@ type Factory func(ctx context.Context, p Params) (core.Publisher, error)
 var (
 	mu        sync.RWMutex
 	factories = map[string]Factory{}
+	settings  = map[string]reflect.Type{} // of brokers registered with RegisterSettings
 )
 
 // Register makes a publisher available under name. It panics when name is
@@ -65,6 +67,20 @@ func RegisterSettings[S any](name string, open func(ctx context.Context, s S, to
 		}
 		return open(ctx, s, p.Topics, p.Logger)
 	})
+	mu.Lock()
+	settings[name] = reflect.TypeFor[S]()
+	mu.Unlock()
+}
+
+// Settings returns the settings type a publisher was registered with by
+// RegisterSettings, so a configuration loader can check the keys of its
+// section before it is opened. ok is false for one registered with
+// Register, whose keys only its Factory knows.
+func Settings(name string) (t reflect.Type, ok bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	t, ok = settings[name]
+	return t, ok
 }
 
 // Names lists the registered publishers, sorted.

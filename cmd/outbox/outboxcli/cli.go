@@ -28,31 +28,42 @@ import (
 func Main(ctx context.Context, args []string) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	root := NewRoot(os.Stdout, os.Stderr)
+	root, m := newRoot(os.Stdout, os.Stderr)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "outbox:", err)
+		// Errors of the commands are masked already; those of cobra's
+		// argument parsing are not.
+		fmt.Fprintln(os.Stderr, "outbox:", m.mask(err.Error()))
 		return 1
 	}
 	return 0
 }
 
-// NewRoot returns the root command writing to out and errOut.
+// NewRoot returns the root command writing to out and errOut. Whatever
+// its commands write or return has its credentials masked (see Redact).
 func NewRoot(out, errOut io.Writer) *cobra.Command {
+	root, _ := newRoot(out, errOut)
+	return root
+}
+
+func newRoot(out, errOut io.Writer) (*cobra.Command, *masker) {
+	m := &masker{}
+	m.add(environSecrets(os.Environ())...)
 	root := &cobra.Command{
 		Use:           "outbox",
 		Short:         "Transactional outbox relay for PostgreSQL",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetOut(out)
-	root.SetErr(errOut)
+	root.SetOut(m.writer(out))
+	root.SetErr(m.writer(errOut))
 	AddFlags(root.PersistentFlags())
 	root.AddCommand(migrateCmd(), relayCmd(), demoCmd())
 	for _, c := range extraCommands {
 		root.AddCommand(c())
 	}
-	return root
+	maskCommands(root, m)
+	return root, m
 }
 
 // extraCommands are added by other files of this package.
@@ -64,17 +75,24 @@ type env struct {
 	loader *Loader
 	log    *slog.Logger
 	out    io.Writer
+	mask   *masker // of the command line's output, which the log and out go through
 }
 
+// setup loads the configuration and hands its secrets to the command
+// line's masker before anything is logged.
 func setup(cmd *cobra.Command) (*env, error) {
-	cfg, loader, err := Load(cmd.Flags(), os.Environ())
+	m := commandMasker(cmd)
+	environ := os.Environ()
+	m.add(environSecrets(environ)...)
+	cfg, loader, err := Load(cmd.Flags(), environ)
 	if err != nil {
 		return nil, err
 	}
+	m.add(secretsOf(loader.k)...)
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	return &env{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout()}, nil
+	return &env{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout(), mask: m}, nil
 }
 
 func newLogger(w io.Writer, c LogConfig) *slog.Logger {
@@ -87,13 +105,15 @@ func newLogger(w io.Writer, c LogConfig) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// openPool connects to the database. Connection errors from pgx do not
-// contain the password; the URL itself is only ever logged redacted.
+// openPool connects to the database. The URL is only ever printed
+// redacted, and the password pgx settled on (from the URL, PGPASSWORD or
+// a password file) joins the masked secrets.
 func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database_url: %w", err)
 	}
+	e.mask.add(pc.ConnConfig.Password)
 	pc.MaxConns = e.cfg.Database.MaxConns
 	pc.ConnConfig.RuntimeParams["application_name"] = appName
 	if t := e.cfg.Database.IdleInTransactionTimeout; t > 0 {

@@ -6,14 +6,12 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	envprovider "github.com/knadh/koanf/providers/env/v2"
-	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
@@ -283,26 +281,54 @@ func AddFlags(fs *pflag.FlagSet) {
 }
 
 // Load builds the configuration from defaults, the file named by --config,
-// the environment (environ, as from os.Environ) and the flags set in fs.
+// the environment (environ, as from os.Environ) and the flags set in fs. A
+// key the configuration does not have, in the file or as an OUTBOX_
+// variable, is an error naming it. Errors are masked (see Redact) with
+// the secrets of every source.
 func Load(fs *pflag.FlagSet, environ []string) (*Config, *Loader, error) {
 	k := koanf.New(".")
+	c, err := loadInto(k, fs, environ)
+	if err != nil {
+		m := &masker{}
+		m.add(environSecrets(environ)...)
+		m.add(secretsOf(k)...)
+		if v, _ := fs.GetString("database-url"); v != "" {
+			m.add(dsnSecrets(v)...)
+		}
+		return nil, nil, m.error(err)
+	}
+	return c, &Loader{k: k}, nil
+}
+
+func loadInto(k *koanf.Koanf, fs *pflag.FlagSet, environ []string) (*Config, error) {
 	if err := k.Load(structs.Provider(Defaults(), "koanf"), nil); err != nil {
-		return nil, nil, fmt.Errorf("load defaults: %w", err)
+		return nil, fmt.Errorf("load defaults: %w", err)
 	}
+	keys := configKeys()
+	var keyErrs []error
 	if path, _ := fs.GetString("config"); path != "" {
-		if _, err := os.Stat(path); err != nil {
-			return nil, nil, fmt.Errorf("config file: %w", err)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config file: %w", err)
 		}
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
-			return nil, nil, fmt.Errorf("config file %s: %w", path, err)
+		if err := k.Load(bytesProvider(data), yaml.Parser()); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
+		keyErrs = append(keyErrs, checkFileKeys(path, data, keys))
 	}
-	known := flatKeys(k)
+	env := newEnvKeys(keys)
+	keyErrs = append(keyErrs, env.check(environ))
+	if err := errors.Join(keyErrs...); err != nil {
+		return nil, err
+	}
 	if err := k.Load(envprovider.Provider(".", envprovider.Opt{
-		EnvironFunc:   func() []string { return environ },
-		TransformFunc: func(name, v string) (string, any) { return envKey(name, known), v },
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(name, v string) (string, any) {
+			key, _ := env.key(name)
+			return key, v
+		},
 	}), nil); err != nil {
-		return nil, nil, fmt.Errorf("load environment: %w", err)
+		return nil, fmt.Errorf("load environment: %w", err)
 	}
 	if err := k.Load(posflag.ProviderWithFlag(fs, ".", nil, func(f *pflag.Flag) (string, any) {
 		key, ok := flagKeys[f.Name]
@@ -314,13 +340,22 @@ func Load(fs *pflag.FlagSet, environ []string) (*Config, *Loader, error) {
 		}
 		return key, posflag.FlagVal(fs, f)
 	}), nil); err != nil {
-		return nil, nil, fmt.Errorf("load flags: %w", err)
+		return nil, fmt.Errorf("load flags: %w", err)
 	}
 	var c Config
 	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: decoderConfig()}); err != nil {
-		return nil, nil, fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
-	return &c, &Loader{k: k}, nil
+	return &c, nil
+}
+
+// bytesProvider hands the configuration file, read once, to koanf.
+type bytesProvider []byte
+
+func (b bytesProvider) ReadBytes() ([]byte, error) { return b, nil }
+
+func (b bytesProvider) Read() (map[string]any, error) {
+	return nil, errors.New("the configuration file needs a parser")
 }
 
 // Section returns the brokers.<name> section as a brokers.Decoder.
@@ -332,63 +367,4 @@ func (l *Loader) Section(name string) brokers.Decoder {
 		}
 		return nil
 	})
-}
-
-func flatKeys(k *koanf.Koanf) map[string]string {
-	m := make(map[string]string)
-	for _, key := range k.Keys() {
-		m[strings.ReplaceAll(key, ".", "_")] = key
-	}
-	// Sections whose keys may be absent from the defaults.
-	for _, key := range []string{"routing.topic", "routing.topic_prefix", "http.listen", "tracing.enabled"} {
-		m[strings.ReplaceAll(key, ".", "_")] = key
-	}
-	return m
-}
-
-// envKey maps an environment variable to a configuration key, or "" to
-// ignore it: DATABASE_URL, OUTBOX_BROKER, OUTBOX_RELAY_BATCH_SIZE (any key
-// with dots as underscores) and OUTBOX_BROKERS_<NAME>_<KEY> for a broker's
-// flat settings.
-func envKey(name string, known map[string]string) string {
-	if name == "DATABASE_URL" {
-		return "database_url"
-	}
-	rest, ok := strings.CutPrefix(name, "OUTBOX_")
-	if !ok || strings.HasPrefix(rest, "TEST_") {
-		return ""
-	}
-	rest = strings.ToLower(rest)
-	if b, ok := strings.CutPrefix(rest, "brokers_"); ok {
-		broker, key, ok := strings.Cut(b, "_")
-		if !ok || broker == "" || key == "" {
-			return ""
-		}
-		return "brokers." + broker + "." + key
-	}
-	return known[rest]
-}
-
-// Redact returns a database URL fit for logs: the password replaced.
-func Redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		if strings.Contains(dsn, "password") {
-			return "(connection string hidden: it may hold a password)"
-		}
-		return dsn
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
-}
-
-// KnownKeys lists every configuration key, for documentation and tests.
-func KnownKeys() []string {
-	k := koanf.New(".")
-	_ = k.Load(structs.Provider(Defaults(), "koanf"), nil)
-	keys := k.Keys()
-	sort.Strings(keys)
-	return keys
 }

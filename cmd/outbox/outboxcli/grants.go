@@ -27,10 +27,11 @@ func grantsCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !apply {
 				// Printing needs only the table names, not a database.
-				cfg, _, err := Load(cmd.Flags(), os.Environ())
+				cfg, l, err := Load(cmd.Flags(), os.Environ())
 				if err != nil {
 					return err
 				}
+				commandMasker(cmd).add(secretsOf(l.k)...)
 				stmts, err := store.Grants(cfg.StoreConfig(), roles)
 				if err != nil {
 					return err

@@ -50,6 +50,10 @@ func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher,
 		checks = append(checks, check{"broker", p.Ping})
 	}
 	checks = append(checks, check{"relay", progressCheck(relay, time.Now(), staleAfter(e.cfg.Relay))})
+	// /readyz shows the failures, which may quote a connection setting.
+	for i, c := range checks {
+		checks[i].fn = func(ctx context.Context) error { return e.mask.error(c.fn(ctx)) }
+	}
 	srv := &http.Server{Handler: opsHandler(reg, checks, e.log), ReadHeaderTimeout: 5 * time.Second}
 	go poller.Run(ctx)
 	go func() {

@@ -165,11 +165,19 @@ func TestDatabasePasswordNeverPrinted(t *testing.T) {
 		u.User = url.UserPassword(u.User.Username(), password)
 		return u.String()
 	}
+	inQuery := func(u url.URL) string {
+		q := u.Query()
+		q.Set("password", password)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
 	unreachable := url.URL{Scheme: "postgres", User: url.User("outbox"), Host: "127.0.0.1:1", Path: "/outbox", RawQuery: "connect_timeout=3"}
 	cases := []struct {
 		name, dsn, want string
 	}{
 		{"wrong password", withPassword(*roleURL), "password authentication failed"},
+		{"wrong password in the query", inQuery(*roleURL), "password authentication failed"},
+		{"password in the query, unreachable host", inQuery(unreachable), "connect to database"},
 		{"unreachable host", withPassword(unreachable), "connect to database"},
 		{"malformed URL", strings.Replace(withPassword(unreachable), ":1/", ":no-port/", 1), "database_url"},
 		{"key-value DSN", "host=127.0.0.1 port=1 user=outbox dbname=outbox connect_timeout=3 password='" + strings.ReplaceAll(password, "'", `\'`) + "'", "connect to database"},
