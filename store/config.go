@@ -9,27 +9,29 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Config names the database objects of one outbox. Names are quoted
-// wherever they appear in SQL, so any value is safe; the zero Config uses
-// the defaults below.
+// Config names the database objects of one outbox and bounds what the
+// relay reads. Names are quoted wherever they appear in SQL, so any value
+// is safe; the zero Config uses the defaults below. The koanf tags are the
+// keys of the binary's "store" section.
 type Config struct {
-	Schema         string // default "public"
-	Table          string // outbox table; default "events_outbox"
-	ProcessedTable string // consumer dedupe table; default "processed_events"
-	// NotifyChannel is the LISTEN/NOTIFY channel producers signal and the
-	// relay listens on; default: the outbox table's name.
-	NotifyChannel string
+	Schema         string `koanf:"schema"`          // default "public"
+	Table          string `koanf:"table"`           // outbox table; default "events_outbox"
+	ProcessedTable string `koanf:"processed_table"` // consumer dedupe table; default "processed_events"
+	// NotifyChannel is the LISTEN/NOTIFY channel the table's trigger
+	// signals and the relay listens on; default: the outbox table's name.
+	// Migration 4 fixes the trigger's channel when it runs.
+	NotifyChannel string `koanf:"notify_channel"`
 
 	// MaxEventBytes is the largest row the relay reads, payload and headers
 	// as stored; a larger row is held for an operator without its payload
 	// leaving the server. Defaults to 4 MiB, room above the Go writer's
 	// 1 MiB payload limit; at most 1 GiB.
-	MaxEventBytes int
+	MaxEventBytes int `koanf:"max_event_bytes"`
 	// MaxClaimBytes bounds the payload and header bytes of one claim, so a
 	// backlog of large rows does not grow the relay's memory; a claim
 	// always takes at least one row. Defaults to 16 MiB; at least
 	// MaxEventBytes, at most 1 GiB.
-	MaxClaimBytes int
+	MaxClaimBytes int `koanf:"max_claim_bytes"`
 }
 
 // Byte limits of a claim.

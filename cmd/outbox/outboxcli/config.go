@@ -27,7 +27,7 @@ import (
 // overriding the one before.
 type Config struct {
 	DatabaseURL string          `koanf:"database_url"`
-	Store       StoreConfig     `koanf:"store"`
+	Store       store.Config    `koanf:"store"`
 	Broker      string          `koanf:"broker"`
 	Brokers     map[string]any  `koanf:"brokers"` // one section per broker, decoded by its adapter
 	Routing     brokers.Routing `koanf:"routing"`
@@ -39,14 +39,6 @@ type Config struct {
 	Retention   RetentionConfig `koanf:"retention"`
 	Tracing     TracingConfig   `koanf:"tracing"`
 	Stuck       StuckConfig     `koanf:"stuck"`
-}
-
-// StoreConfig names the database objects (see store.Config).
-type StoreConfig struct {
-	Schema         string `koanf:"schema"`
-	Table          string `koanf:"table"`
-	ProcessedTable string `koanf:"processed_table"`
-	NotifyChannel  string `koanf:"notify_channel"`
 }
 
 // RelayConfig tunes the relay (see core.Options).
@@ -217,8 +209,7 @@ func (c *Config) Validate() error {
 
 // StoreConfig converts the store section.
 func (c *Config) StoreConfig() store.Config {
-	return store.Config{Schema: c.Store.Schema, Table: c.Store.Table,
-		ProcessedTable: c.Store.ProcessedTable, NotifyChannel: c.Store.NotifyChannel}
+	return c.Store
 }
 
 // RelayOptions converts the relay section.

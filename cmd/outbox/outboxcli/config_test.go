@@ -127,6 +127,8 @@ func TestValidateNamesFields(t *testing.T) {
 		{"log format", "database_url: postgres://x/y\nlog: {format: xml}\n", "log.format"},
 		{"table name", "database_url: postgres://x/y\nstore: {table: " + strings.Repeat("t", 60) + "}\n", "table"},
 		{"scheme", "database_url: mysql://x/y\n", "database_url"},
+		{"event bytes", "database_url: postgres://x/y\nstore: {max_event_bytes: -5}\n", "max_event_bytes"},
+		{"claim bytes", "database_url: postgres://x/y\nstore: {max_event_bytes: 2000, max_claim_bytes: 1000}\n", "max_claim_bytes"},
 		{"idle timeout", "database_url: postgres://x/y\ndatabase: {idle_in_transaction_timeout: 1s}\n", "database.idle_in_transaction_timeout"},
 		{"routing", "database_url: postgres://x/y\nrouting: {types: {order.placed: \"\"}}\n", "routing.types"},
 	}
