@@ -14,11 +14,11 @@ import (
 // Options configure a Relay. The zero value is valid: every unset field
 // takes the default named in its comment.
 type Options struct {
-	BatchSize int // events per claim; default 500
-	Lanes     int // concurrent publishes per batch; default 16
+	BatchSize int // events per claim; default 500, at most MaxBatchSize
+	Lanes     int // concurrent publishes per batch; default 16, at most MaxLanes
 	// Claimers is how many claim loops run side by side, each with its own
 	// batch and lanes, as replicas do: one publishes while another waits on
-	// the database. Default 1.
+	// the database. Default 2, at most MaxClaimers.
 	Claimers       int
 	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
 	PublishTimeout time.Duration // bound on one publish; default 30s
@@ -41,6 +41,14 @@ type Options struct {
 	Observer     Observer     // default: none
 }
 
+// Upper bounds of the relay's sizes: past them a relay holds more
+// connections, goroutines or memory than any gain pays for.
+const (
+	MaxBatchSize = 10000
+	MaxLanes     = 1024
+	MaxClaimers  = 64
+)
+
 func (o Options) withDefaults() (Options, error) {
 	// A Backoff is either unset (the default) or has 0 < Min <= Max: with
 	// a zero Min every retry would come at once.
@@ -49,9 +57,9 @@ func (o Options) withDefaults() (Options, error) {
 		name, want string
 		bad        bool
 	}{
-		{"BatchSize", "not negative", o.BatchSize < 0},
-		{"Lanes", "not negative", o.Lanes < 0},
-		{"Claimers", "not negative", o.Claimers < 0},
+		{"BatchSize", fmt.Sprintf("0 (the default) to %d", MaxBatchSize), o.BatchSize < 0 || o.BatchSize > MaxBatchSize},
+		{"Lanes", fmt.Sprintf("0 (the default) to %d", MaxLanes), o.Lanes < 0 || o.Lanes > MaxLanes},
+		{"Claimers", fmt.Sprintf("0 (the default) to %d", MaxClaimers), o.Claimers < 0 || o.Claimers > MaxClaimers},
 		{"PollInterval", "not negative", o.PollInterval < 0},
 		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
 		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
@@ -75,7 +83,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	def(&o.BatchSize, 500)
 	def(&o.Lanes, 16)
-	def(&o.Claimers, 1)
+	def(&o.Claimers, 2)
 	defDur(&o.PollInterval, time.Second)
 	defDur(&o.PublishTimeout, 30*time.Second)
 	defDur(&o.ShutdownTimeout, 30*time.Second)

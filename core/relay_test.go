@@ -323,7 +323,7 @@ func TestBrokerDownBacksOff(t *testing.T) {
 	// Failed events are claimable again almost at once, so only the loop's
 	// own backoff keeps it from spinning.
 	startRelay(t, cs, pub, core.Options{
-		PollInterval: time.Millisecond,
+		PollInterval: time.Millisecond, Claimers: 1, // one loop's backoff is counted
 		RetryBackoff: core.Backoff{Min: time.Microsecond, Max: time.Microsecond},
 		ErrorBackoff: core.Backoff{Min: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 	})
@@ -355,7 +355,7 @@ func TestStoreDownBacksOff(t *testing.T) {
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
 	r := startRelay(t, cs, pub, core.Options{
-		PollInterval: time.Millisecond, Observer: obs,
+		PollInterval: time.Millisecond, Observer: obs, Claimers: 1, // one loop's backoff is counted
 		ErrorBackoff: core.Backoff{Min: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 	})
 	waitFor(t, "the first failed claim", func() bool { return cs.claims.Load() > 0 })
@@ -537,6 +537,9 @@ func TestOptionsValidation(t *testing.T) {
 	}{
 		{"BatchSize", core.Options{BatchSize: -1}},
 		{"Lanes", core.Options{Lanes: -2}},
+		{"BatchSize", core.Options{BatchSize: core.MaxBatchSize + 1}},
+		{"Lanes", core.Options{Lanes: core.MaxLanes + 1}},
+		{"Claimers", core.Options{Claimers: core.MaxClaimers + 1}},
 		{"PollInterval", core.Options{PollInterval: -time.Second}},
 		{"PublishTimeout", core.Options{PublishTimeout: -1}},
 		{"ShutdownTimeout", core.Options{ShutdownTimeout: -1}},

@@ -145,14 +145,14 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	r := c.Relay
-	if r.BatchSize < 1 || r.BatchSize > 10000 {
-		bad("relay.batch_size", "%d is not between 1 and 10000", r.BatchSize)
+	if r.BatchSize < 1 || r.BatchSize > core.MaxBatchSize {
+		bad("relay.batch_size", "%d is not between 1 and %d", r.BatchSize, core.MaxBatchSize)
 	}
-	if r.Lanes < 1 || r.Lanes > 1024 {
-		bad("relay.lanes", "%d is not between 1 and 1024", r.Lanes)
+	if r.Lanes < 1 || r.Lanes > core.MaxLanes {
+		bad("relay.lanes", "%d is not between 1 and %d", r.Lanes, core.MaxLanes)
 	}
-	if r.Claimers < 1 || r.Claimers > 64 {
-		bad("relay.claimers", "%d is not between 1 and 64", r.Claimers)
+	if r.Claimers < 1 || r.Claimers > core.MaxClaimers {
+		bad("relay.claimers", "%d is not between 1 and %d", r.Claimers, core.MaxClaimers)
 	}
 	if int(c.Database.MaxConns) < r.Claimers+2 {
 		bad("database.max_conns", "%d is too few: each of relay.claimers %d holds one during a batch, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
