@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -117,7 +119,11 @@ func (s Settings) clientOptions() []option.ClientOption {
 }
 
 // New creates the client and returns a publisher routing with topics. The
-// client connects lazily: an unreachable endpoint shows on the first publish.
+// client connects lazily: an unreachable endpoint shows on the first
+// publish or ping. Each client is a link (see wm.Open): creating it is
+// bounded by ConnectTimeout, its sockets are tracked, and a publish or
+// ping that outlives its deadline aborts them and the next publish creates
+// a new client.
 func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -126,14 +132,37 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	d := &dialer{s: s, log: log}
+	pub, err := wm.Open(ctx, d.dial, topics, classify, wm.Options{DialTimeout: s.ConnectTimeout, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
 	}
+	log.Info("googlecloud publisher ready", "project_id", s.ProjectID, "emulator", s.EmulatorHost != "",
+		"delay_threshold", s.DelayThreshold, "count_threshold", s.CountThreshold)
+	return pub, nil
+}
+
+type dialer struct {
+	s   Settings
+	log *slog.Logger
+}
+
+func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
+	s := d.s
+	socks := &brokers.Sockets{}
+	tcp := socks.Wrap(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Timeout: s.ConnectTimeout}
+		return nd.DialContext(ctx, network, addr)
+	})
+	opts := append(s.clientOptions(), option.WithGRPCDialOption(grpc.WithContextDialer(
+		func(_ context.Context, addr string) (net.Conn, error) { return tcp("tcp", addr) })))
 	ps := pubsub.DefaultPublishSettings
 	ps.DelayThreshold = s.DelayThreshold
 	ps.CountThreshold = s.CountThreshold
 	ps.ByteThreshold = s.ByteThreshold
 	ps.Timeout = s.PublishTimeout
+	stop := context.AfterFunc(ctx, socks.Abort)
+	defer stop()
 	pub, err := wmgc.NewPublisher(wmgc.PublisherConfig{
 		ProjectID:                 s.ProjectID,
 		DoNotCreateTopicIfMissing: true, // see creator
@@ -144,26 +173,67 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 		ConnectTimeout:  s.ConnectTimeout,
 		PublishTimeout:  s.PublishTimeout,
 		PublishSettings: &ps,
-		ClientOptions:   s.clientOptions(),
+		ClientOptions:   opts,
 		Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
 			return m.Metadata.Get(core.HeaderAggregateID), nil
 		}),
-	}, watermill.NewSlogLogger(log))
+	}, watermill.NewSlogLogger(d.log))
 	if err != nil {
-		return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
+		socks.Abort()
+		return nil, err
 	}
-	var wpub message.Publisher = pub
+	// A client of our own, for pings and for creating topics.
+	c, err := pubsub.NewClient(ctx, s.ProjectID, opts...)
+	if err != nil {
+		socks.Abort()
+		_ = pub.Close()
+		return nil, err
+	}
+	l := &link{Publisher: pub, client: c}
 	if s.CreateTopics {
-		c, err := pubsub.NewClient(ctx, s.ProjectID, s.clientOptions()...)
-		if err != nil {
-			_ = pub.Close()
-			return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
-		}
-		wpub = &creator{Publisher: pub, client: c, timeout: s.PublishTimeout, known: map[string]bool{}}
+		l.Publisher = &creator{Publisher: pub, client: c, timeout: s.PublishTimeout, known: map[string]bool{}}
 	}
-	log.Info("googlecloud publisher ready", "project_id", s.ProjectID, "emulator", s.EmulatorHost != "",
-		"delay_threshold", s.DelayThreshold, "count_threshold", s.CountThreshold)
-	return wm.New(wm.Guard(wpub), topics, classify), nil
+	return &wm.Link{Publisher: l, Ping: l.ping, Abort: socks.Abort}, nil
+}
+
+// link is Watermill's publisher and a client of ours beside it.
+type link struct {
+	message.Publisher
+	client *pubsub.Client
+
+	mu   sync.Mutex
+	last string // a topic published to, for pings
+}
+
+func (l *link) Publish(topic string, msgs ...*message.Message) error {
+	if err := l.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.last = topic
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *link) Close() error { return errors.Join(l.Publisher.Close(), l.client.Close()) }
+
+// ping checks that the last topic published to still exists or, before
+// any publish, lists one topic. A refusal for want of permission is an
+// answer: the service is there.
+func (l *link) ping(ctx context.Context) error {
+	l.mu.Lock()
+	topic := l.last
+	l.mu.Unlock()
+	var err error
+	if topic != "" {
+		_, err = l.client.Topic(topic).Exists(ctx)
+	} else if _, err = l.client.Topics(ctx).Next(); errors.Is(err, iterator.Done) {
+		err = nil
+	}
+	if status.Code(err) == codes.PermissionDenied {
+		return nil
+	}
+	return err
 }
 
 // creator creates a missing topic before Watermill first sees it. Watermill
@@ -206,9 +276,8 @@ func (c *creator) ensure(topic string) error {
 	return nil
 }
 
-func (c *creator) Close() error {
-	return errors.Join(c.Publisher.Close(), c.client.Close())
-}
+// Close closes Watermill's publisher; the client is the link's.
+func (c *creator) Close() error { return c.Publisher.Close() }
 
 // classify marks the errors retrying cannot fix: a message the service
 // refuses as invalid or too large, a topic that does not exist.
