@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub"
@@ -164,8 +165,11 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	stop := context.AfterFunc(ctx, socks.Abort)
 	defer stop()
 	pub, err := wmgc.NewPublisher(wmgc.PublisherConfig{
-		ProjectID:                 s.ProjectID,
-		DoNotCreateTopicIfMissing: true, // see creator
+		ProjectID: s.ProjectID,
+		// The link checks topics itself, with a context its abort ends:
+		// Watermill checks under a lock, with a context of its own.
+		DoNotCheckTopicExistence:  true,
+		DoNotCreateTopicIfMissing: true,
 		EnableMessageOrdering:     true,
 		// A failed publish pauses its ordering key; resume it so the
 		// relay's retry can go out.
@@ -182,36 +186,67 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 		socks.Abort()
 		return nil, err
 	}
-	// A client of our own, for pings and for creating topics.
+	// A client of our own, for pings and topic checks.
 	c, err := pubsub.NewClient(ctx, s.ProjectID, opts...)
 	if err != nil {
 		socks.Abort()
 		_ = pub.Close()
 		return nil, err
 	}
-	l := &link{Publisher: pub, client: c}
-	if s.CreateTopics {
-		l.Publisher = &creator{Publisher: pub, client: c, timeout: s.PublishTimeout, known: map[string]bool{}}
-	}
-	return &wm.Link{Publisher: l, Ping: l.ping, Abort: socks.Abort}, nil
+	lctx, cancel := context.WithCancel(context.Background())
+	l := &link{Publisher: pub, client: c, ctx: lctx, timeout: s.PublishTimeout, create: s.CreateTopics, known: map[string]bool{}}
+	abort := func() { cancel(); socks.Abort() }
+	return &wm.Link{Publisher: l, Ping: l.ping, Abort: abort}, nil
 }
 
-// link is Watermill's publisher and a client of ours beside it.
+// link is Watermill's publisher and a client of ours beside it, which
+// checks each topic before its first publish (and creates it, with
+// create_topics: Watermill can create topics too, but a topic it creates
+// loses the publish settings, back to the slow default batching).
 type link struct {
 	message.Publisher
-	client *pubsub.Client
+	client  *pubsub.Client
+	ctx     context.Context // ends with the link's abort
+	timeout time.Duration
+	create  bool
 
-	mu   sync.Mutex
-	last string // a topic published to, for pings
+	mu    sync.Mutex // held while checking a topic
+	known map[string]bool
+	last  atomic.Value // string: a topic published to, for pings
 }
 
 func (l *link) Publish(topic string, msgs ...*message.Message) error {
+	if err := l.ensure(topic); err != nil {
+		return err
+	}
 	if err := l.Publisher.Publish(topic, msgs...); err != nil {
 		return err
 	}
+	l.last.Store(topic)
+	return nil
+}
+
+func (l *link) ensure(topic string) error {
 	l.mu.Lock()
-	l.last = topic
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if l.known[topic] {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
+	defer cancel()
+	ok, err := l.client.Topic(topic).Exists(ctx)
+	if err != nil {
+		return fmt.Errorf("check topic %s: %w", topic, err)
+	}
+	if !ok {
+		if !l.create {
+			return fmt.Errorf("%s: %w", topic, wmgc.ErrTopicDoesNotExist)
+		}
+		if _, err := l.client.CreateTopic(ctx, topic); err != nil && status.Code(err) != codes.AlreadyExists {
+			return fmt.Errorf("create topic %s: %w", topic, err)
+		}
+	}
+	l.known[topic] = true
 	return nil
 }
 
@@ -221,9 +256,7 @@ func (l *link) Close() error { return errors.Join(l.Publisher.Close(), l.client.
 // any publish, lists one topic. A refusal for want of permission is an
 // answer: the service is there.
 func (l *link) ping(ctx context.Context) error {
-	l.mu.Lock()
-	topic := l.last
-	l.mu.Unlock()
+	topic, _ := l.last.Load().(string)
 	var err error
 	if topic != "" {
 		_, err = l.client.Topic(topic).Exists(ctx)
@@ -235,49 +268,6 @@ func (l *link) ping(ctx context.Context) error {
 	}
 	return err
 }
-
-// creator creates a missing topic before Watermill first sees it. Watermill
-// can create topics too, but a topic it creates loses the publish settings
-// (back to the slow default batching).
-type creator struct {
-	message.Publisher
-	client  *pubsub.Client
-	timeout time.Duration
-
-	mu    sync.Mutex
-	known map[string]bool
-}
-
-func (c *creator) Publish(topic string, msgs ...*message.Message) error {
-	if err := c.ensure(topic); err != nil {
-		return err
-	}
-	return c.Publisher.Publish(topic, msgs...)
-}
-
-func (c *creator) ensure(topic string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.known[topic] {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	ok, err := c.client.Topic(topic).Exists(ctx)
-	if err != nil {
-		return fmt.Errorf("check topic %s: %w", topic, err)
-	}
-	if !ok {
-		if _, err := c.client.CreateTopic(ctx, topic); err != nil && status.Code(err) != codes.AlreadyExists {
-			return fmt.Errorf("create topic %s: %w", topic, err)
-		}
-	}
-	c.known[topic] = true
-	return nil
-}
-
-// Close closes Watermill's publisher; the client is the link's.
-func (c *creator) Close() error { return c.Publisher.Close() }
 
 // classify marks the errors retrying cannot fix: a message the service
 // refuses as invalid or too large, a topic that does not exist.

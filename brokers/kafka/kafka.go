@@ -252,6 +252,21 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 		nd := net.Dialer{Timeout: timeout, KeepAlive: keepAlive}
 		return nd.DialContext(ctx, network, addr)
 	}))
+	// Once the sockets are aborted, Sarama's retries have nothing to wait
+	// for: they fail at once, so an abandoned link ends promptly.
+	metaBackoff, prodBackoff := cfg.Metadata.Retry.Backoff, cfg.Producer.Retry.Backoff
+	cfg.Metadata.Retry.BackoffFunc = func(int, int) time.Duration {
+		if socks.Aborted() {
+			return 0
+		}
+		return metaBackoff
+	}
+	cfg.Producer.Retry.BackoffFunc = func(int, int) time.Duration {
+		if socks.Aborted() {
+			return 0
+		}
+		return prodBackoff
+	}
 	// Sarama takes no context: ending ctx closes the sockets under it.
 	stop := context.AfterFunc(ctx, socks.Abort)
 	defer stop()

@@ -249,7 +249,9 @@ func (g *guard) retire(l *link, reason error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		g.teardown(l, false, time.Now().Add(g.opts.CloseTimeout))
+		if err := g.teardown(l, false, time.Now().Add(g.opts.CloseTimeout)); err != nil {
+			g.log.Warn("closing a torn-down broker connection", "error", err)
+		}
 	}()
 }
 

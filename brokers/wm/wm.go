@@ -46,7 +46,12 @@ func New(pub message.Publisher, topics *brokers.Routing, classify Classifier) *P
 func Open(ctx context.Context, dial Dialer, topics *brokers.Routing, classify Classifier, opts Options) (*Publisher, error) {
 	g := newGuard(dial, opts)
 	if _, err := g.current(ctx); err != nil {
-		_ = g.close()
+		// Whatever the dial left (an abandoned attempt) ends aside; the
+		// caller is told now.
+		g.mu.Lock()
+		g.closed = true
+		g.mu.Unlock()
+		g.cancel()
 		return nil, err
 	}
 	p := &Publisher{guard: g}
