@@ -22,7 +22,7 @@ type StallHarness struct {
 	// Modes are the proxy modes to try; default Stall, BlackHole and
 	// HalfOpen.
 	Modes []Mode
-	// CloseTimeout is the publisher's bound on Close; default 5s.
+	// CloseTimeout is the publisher's bound on Close; default 3s.
 	CloseTimeout time.Duration
 }
 
@@ -40,7 +40,7 @@ func RunStalls(t *testing.T, h StallHarness) {
 		h.Modes = []Mode{Stall, BlackHole, HalfOpen}
 	}
 	if h.CloseTimeout == 0 {
-		h.CloseTimeout = 5 * time.Second
+		h.CloseTimeout = 3 * time.Second
 	}
 	s := stalls{h: h}
 	for _, m := range h.Modes {

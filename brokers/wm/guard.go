@@ -35,7 +35,7 @@ type Dialer func(ctx context.Context) (*Link, error)
 // Options configure Open.
 type Options struct {
 	DialTimeout  time.Duration // bound on opening one link; default 10s
-	CloseTimeout time.Duration // bound on Close; default 5s
+	CloseTimeout time.Duration // bound on Close; default 3s
 	// Broken reports the publish and ping errors after which a link is
 	// no use (its connection is gone, a pooled channel was lost): it is
 	// torn down and the next publish opens a new one. A publish or ping
@@ -49,7 +49,7 @@ func (o Options) withDefaults() Options {
 		o.DialTimeout = 10 * time.Second
 	}
 	if o.CloseTimeout <= 0 {
-		o.CloseTimeout = 5 * time.Second
+		o.CloseTimeout = 3 * time.Second
 	}
 	if o.Broken == nil {
 		o.Broken = func(error) bool { return false }
