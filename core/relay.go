@@ -37,8 +37,16 @@ type Options struct {
 	// ErrorBackoff paces the loop after a claim, complete or whole-batch
 	// failure (database or broker down); default 100ms doubling to 30s.
 	ErrorBackoff Backoff
-	Logger       *slog.Logger // default: discard
-	Observer     Observer     // default: none
+	// ProbeInterval is how often the relay pings the store and the
+	// publisher (those that implement Pinger) while it backs off after a
+	// failure. Once a ping has failed, the first round in which every ping
+	// succeeds ends the wait: the outage is over, so the relay resumes at
+	// once instead of sleeping out a backoff grown during it. Default
+	// 250ms; each ping is bounded by ProbeTimeout (default 2s).
+	ProbeInterval time.Duration
+	ProbeTimeout  time.Duration
+	Logger        *slog.Logger // default: discard
+	Observer      Observer     // default: none
 }
 
 // Upper bounds of the relay's sizes: past them a relay holds more
@@ -63,6 +71,8 @@ func (o Options) withDefaults() (Options, error) {
 		{"PollInterval", "not negative", o.PollInterval < 0},
 		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
 		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
+		{"ProbeInterval", "not negative", o.ProbeInterval < 0},
+		{"ProbeTimeout", "not negative", o.ProbeTimeout < 0},
 		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
 		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
 	}
@@ -87,6 +97,8 @@ func (o Options) withDefaults() (Options, error) {
 	defDur(&o.PollInterval, time.Second)
 	defDur(&o.PublishTimeout, 30*time.Second)
 	defDur(&o.ShutdownTimeout, 30*time.Second)
+	defDur(&o.ProbeInterval, 250*time.Millisecond)
+	defDur(&o.ProbeTimeout, 2*time.Second)
 	if o.RetryBackoff == (Backoff{}) {
 		o.RetryBackoff = Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
 	}
@@ -104,11 +116,12 @@ func (o Options) withDefaults() (Options, error) {
 
 // Relay moves events from a Store to a Publisher.
 type Relay struct {
-	store Store
-	pub   Publisher
-	opts  Options
-	log   *slog.Logger
-	obs   Observer
+	store   Store
+	pub     Publisher
+	opts    Options
+	log     *slog.Logger
+	obs     Observer
+	pingers []Pinger // the store and publisher, those that can be pinged
 
 	wake     chan struct{}
 	stop     chan struct{}
@@ -133,11 +146,17 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new relay: %w", err)
 	}
-	return &Relay{
+	r := &Relay{
 		store: store, pub: pub, opts: o, log: o.Logger, obs: o.Observer,
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
-	}, nil
+	}
+	for _, v := range []any{store, pub} {
+		if p, ok := v.(Pinger); ok {
+			r.pingers = append(r.pingers, p)
+		}
+	}
+	return r, nil
 }
 
 // Run relays until ctx is cancelled, then stops gracefully: the in-flight
@@ -257,18 +276,19 @@ func (r *Relay) loop(ctx context.Context) {
 
 func (r *Relay) claimLoop(ctx context.Context) {
 	failures := 0
+	down := false // a probe failed and none has succeeded since
 	for !r.stopping() && ctx.Err() == nil {
 		next, err := r.cycle(ctx)
 		if err != nil {
 			failures++
 			wait := r.opts.ErrorBackoff.Delay(failures - 1)
 			r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", failures)
-			if !r.sleep(ctx, wait, false) {
+			if !r.backoff(ctx, wait, &down) {
 				return
 			}
 			continue
 		}
-		failures = 0
+		failures, down = 0, false
 		wait := r.opts.PollInterval
 		switch next {
 		case again:
@@ -316,6 +336,77 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool 
 		return false
 	}
 	return true
+}
+
+// backoff waits d after a failed cycle, probing the store and the
+// publisher every ProbeInterval. It returns early, true, when a probe
+// succeeds after one had failed (*down carries that across waits, so a
+// server that came back between two waits still counts): the failure was
+// an outage and it is over. A failure with every server answering gets
+// the whole wait, so a batch that fails for other reasons cannot spin.
+// False means stop.
+func (r *Relay) backoff(ctx context.Context, d time.Duration, down *bool) bool {
+	if len(r.pingers) == 0 {
+		return r.sleep(ctx, d, false)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	tick := time.NewTicker(r.opts.ProbeInterval)
+	defer tick.Stop()
+	pctx, cancel := context.WithCancel(ctx)
+	// The first probe goes at once: a server that is down shows before
+	// it can come back unseen.
+	result := make(chan error, 1) // nil while no probe is running
+	go func() { result <- r.probe(pctx) }()
+	defer func() {
+		cancel()
+		if result != nil {
+			<-result // pingers honour ctx; leave no probe running
+		}
+	}()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-r.stop:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+			if result == nil {
+				result = make(chan error, 1)
+				go func() { result <- r.probe(pctx) }()
+			}
+		case err := <-result:
+			result = nil
+			if err != nil {
+				if !*down {
+					r.log.Warn("probe failed; resuming as soon as it succeeds", "error", err)
+				}
+				*down = true
+				continue
+			}
+			if *down {
+				*down = false
+				r.log.Info("probe succeeded; resuming")
+				return true
+			}
+		}
+	}
+}
+
+// probe pings every pinger, each bounded by ProbeTimeout, and returns the
+// first error.
+func (r *Relay) probe(ctx context.Context) error {
+	for _, p := range r.pingers {
+		pctx, cancel := context.WithTimeout(ctx, r.opts.ProbeTimeout)
+		err := p.Ping(pctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // cycle claims, publishes and records one batch, and says when to claim

@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -125,6 +127,13 @@ func (s Settings) uri() (full, redacted string, _ error) {
 
 // New connects (an unreachable broker or refused credentials is an error),
 // opens the channel pool and returns a publisher routing with topics.
+//
+// Watermill's publisher blocks, ignoring contexts, while its broker does not
+// answer: in a pooled channel, in a confirm, in Close. So each connection
+// is a link of its own (see wm.Open): its sockets are tracked, a publish or
+// ping that outlives its deadline aborts them and the next publish
+// connects anew, as it does once the connection drops or the pool loses a
+// channel. Opening a link, pool included, is bounded by ConnectTimeout.
 func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -140,7 +149,6 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 	cfg := amqp091.Config{
 		Heartbeat:  s.Heartbeat,
 		Locale:     "en_US",
-		Dial:       amqp091.DefaultDial(s.ConnectTimeout),
 		Properties: amqp091.Table{"connection_name": "outbox relay"},
 	}
 	if tf := (brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
@@ -153,27 +161,88 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 	if s.Exchange != "" {
 		exchange = wmamqp.GenerateExchangeNameConstant(s.Exchange)
 	}
-	wcfg := wmamqp.Config{
-		Connection: wmamqp.ConnectionConfig{AmqpURI: uri, AmqpConfig: &cfg},
-		Marshaler:  wmamqp.DefaultMarshaler{PostprocessPublishing: properties}, // persistent delivery mode
-		Exchange:   wmamqp.ExchangeConfig{GenerateName: exchange, Type: s.ExchangeType, Durable: true},
-		Publish: wmamqp.PublishConfig{
-			GenerateRoutingKey: func(topic string) string { return topic },
-			ChannelPoolSize:    s.Channels,
-			ConfirmDelivery:    true,
-		},
-		TopologyBuilder: declaredAlready{},
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	pub, err := wmamqp.NewPublisher(wcfg, watermill.NewSlogLogger(log))
+	d := &dialer{s: s, uri: uri, redacted: redacted, cfg: cfg, exchange: exchange, log: log}
+	pub, err := wm.Open(ctx, d.dial, topics, classify, wm.Options{
+		DialTimeout: s.ConnectTimeout, Broken: linkDown, Logger: log,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", redacted, err)
 	}
 	log.Info("amqp publisher ready", "url", redacted, "channels", s.Channels, "exchange", s.Exchange, "passive", s.Passive)
-	t := &topology{Publisher: pub, uri: uri, cfg: cfg, s: s, exchange: exchange, done: map[string]bool{}}
-	return wm.New(wm.Guard(t), topics, classify), nil
+	return pub, nil
+}
+
+// dialer opens links: one AMQP connection with its pool of confirm
+// channels.
+type dialer struct {
+	s             Settings
+	uri, redacted string
+	cfg           amqp091.Config
+	exchange      wmamqp.ExchangeNameGenerator
+	log           *slog.Logger
+}
+
+func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
+	socks := &brokers.Sockets{}
+	cfg := d.cfg
+	timeout := d.s.ConnectTimeout
+	cfg.Dial = socks.Wrap(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Timeout: timeout}
+		c, err := nd.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// As amqp091's own dialer does: bound the TLS and AMQP handshakes.
+		// The library clears the deadline once connected.
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		return c, nil
+	})
+	wcfg := wmamqp.Config{
+		Connection: wmamqp.ConnectionConfig{
+			AmqpURI: d.uri, AmqpConfig: &cfg,
+			// A dropped connection is replaced by a new link, not by
+			// Watermill; a short backoff lets its reconnect loop see the
+			// close and end soon after.
+			Reconnect: &wmamqp.ReconnectConfig{BackoffInitialInterval: 50 * time.Millisecond, BackoffMultiplier: 2, BackoffMaxInterval: time.Second},
+		},
+		Marshaler: wmamqp.DefaultMarshaler{PostprocessPublishing: properties}, // persistent delivery mode
+		Exchange:  wmamqp.ExchangeConfig{GenerateName: d.exchange, Type: d.s.ExchangeType, Durable: true},
+		Publish: wmamqp.PublishConfig{
+			GenerateRoutingKey: func(topic string) string { return topic },
+			ChannelPoolSize:    d.s.Channels,
+			ConfirmDelivery:    true,
+		},
+		TopologyBuilder: declaredAlready{},
+	}
+	// Connecting and opening the pool take no context: ending ctx closes
+	// the sockets under them.
+	stop := context.AfterFunc(ctx, socks.Abort)
+	defer stop()
+	wlog := watermill.NewSlogLogger(d.log)
+	conn, err := wmamqp.NewConnection(wcfg.Connection, wlog)
+	if err != nil {
+		socks.Abort()
+		return nil, fmt.Errorf("connect: %w", errors.Join(ctx.Err(), err))
+	}
+	// Read once, before anything can replace it; the link is this
+	// connection and ends with it.
+	amqpConn := conn.Connection()
+	pub, err := wmamqp.NewPublisherWithConnection(wcfg, wlog, conn)
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+		_ = pub.Close()
+	}
+	if err != nil {
+		socks.Abort()
+		_ = conn.Close()
+		return nil, fmt.Errorf("open channel pool: %w", errors.Join(ctx.Err(), err))
+	}
+	t := &topology{Publisher: pub, wconn: conn, conn: amqpConn, socks: socks, uri: d.uri, cfg: cfg, s: d.s,
+		exchange: d.exchange, done: map[string]bool{}}
+	return &wm.Link{Publisher: t, Ping: t.ping, Abort: socks.Abort}, nil
 }
 
 // properties sets the standard AMQP properties consumers look at first.
@@ -187,9 +256,13 @@ func properties(p amqp091.Publishing) amqp091.Publishing {
 // topology declares a topic's exchange, queue and binding before its first
 // publish (or, passive, checks that the exchange exists). It dials a
 // connection of its own for that: Watermill's, being replaced while it
-// reconnects, is not safe to use from outside.
+// reconnects, is not safe to use from outside. It also tells a link that
+// lost its connection from a failed publish.
 type topology struct {
-	message.Publisher
+	*wmamqp.Publisher
+	wconn    *wmamqp.ConnectionWrapper
+	conn     *amqp091.Connection // the link's connection, as first opened
+	socks    *brokers.Sockets
 	uri      string
 	cfg      amqp091.Config
 	s        Settings
@@ -201,11 +274,67 @@ type topology struct {
 
 var _ message.Publisher = (*topology)(nil)
 
+// errLinkDown marks errors after which the link is no use: its connection
+// closed, or Watermill's pool lost a channel (a channel it could not reopen
+// is never returned to the pool; once all are gone every publish blocks).
+var errLinkDown = errors.New("amqp connection lost")
+
+func linkDown(err error) bool { return errors.Is(err, errLinkDown) }
+
 func (t *topology) Publish(topic string, msgs ...*message.Message) error {
+	if t.conn.IsClosed() {
+		return errLinkDown
+	}
 	if err := t.ensure(topic); err != nil {
 		return err
 	}
-	return t.Publisher.Publish(topic, msgs...)
+	err := t.Publisher.Publish(topic, msgs...)
+	if err != nil && (t.conn.IsClosed() || strings.Contains(err.Error(), "cannot open channel")) {
+		return fmt.Errorf("%w: %w", errLinkDown, err)
+	}
+	return err
+}
+
+// ping opens and closes a channel on the link's connection: the broker
+// has to answer twice.
+func (t *topology) ping(ctx context.Context) error {
+	if t.conn.IsClosed() {
+		return errLinkDown
+	}
+	done := make(chan error, 1)
+	go func() { // amqp091 calls take no context; a retired link's abort ends this
+		ch, err := t.conn.Channel()
+		if err == nil {
+			err = ch.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil && t.conn.IsClosed() {
+			return fmt.Errorf("%w: %w", errLinkDown, err)
+		}
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close closes the channel pool, then the connection. When the link was
+// aborted it first waits, briefly, for the library to see the connection
+// drop: Watermill's watcher must take that news before Close stops it, or
+// the connection's reader blocks forever handing it over.
+func (t *topology) Close() error {
+	if t.socks.Aborted() {
+		for i := 0; i < 100 && !t.conn.IsClosed(); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return errors.Join(t.Publisher.Close(), t.wconn.Close())
 }
 
 func (t *topology) ensure(topic string) error {

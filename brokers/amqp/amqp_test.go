@@ -280,3 +280,24 @@ func TestRegistered(t *testing.T) {
 	}
 	_ = pub.Close()
 }
+
+// The broker stalls, black-holes or half-opens behind a proxy: publishes,
+// pings and Close stay bounded, and a relay resumes within 2s of the heal.
+// The heartbeat (5s: the library gives up on a silent broker after 15s)
+// outlasts each case, so a publish stays stuck in the library the way it
+// does in production, and only the publisher's own bounds end it. The
+// chaos suite's freeze-broker covers the other path, a connection that
+// drops while publishes wait.
+func TestStalls(t *testing.T) {
+	raw := rabbitURL(t)
+	brokertest.RunStalls(t, brokertest.StallHarness{
+		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
+			u, proxy := viaProxy(t, raw)
+			pub, err := amqp.New(t.Context(), amqp.Settings{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pub, proxy
+		},
+	})
+}

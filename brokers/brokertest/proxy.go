@@ -1,56 +1,160 @@
 package brokertest
 
 import (
-	"io"
+	"errors"
 	"net"
 	"sync"
 	"testing"
 )
 
-// Proxy forwards loopback TCP connections to a broker until Cut, which
-// drops every connection and refuses new ones: a broker that went down, as
-// the client sees it, without stopping a server other tests share.
+// Mode is what a Proxy does with the bytes between client and broker.
+type Mode int
+
+const (
+	// Forward passes bytes both ways.
+	Forward Mode = iota
+	// Stall moves no bytes either way and keeps every connection open;
+	// new ones are accepted and stalled too. What was sent waits in the
+	// socket buffers and flows on Heal, as with a broker process that is
+	// frozen (SIGSTOP) and resumed.
+	Stall
+	// BlackHole accepts and reads, never answers: bytes from the client
+	// are thrown away, nothing comes back, no connection is closed. On
+	// Heal the connections it swallowed bytes of are reset.
+	BlackHole
+	// HalfOpen reads nothing and answers nothing on the connections it
+	// has, as when the broker's host vanished without a FIN; new
+	// connections are accepted and left unread. On Heal they are reset,
+	// as the peer that lost them would.
+	HalfOpen
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Forward:
+		return "forward"
+	case Stall:
+		return "stall"
+	case BlackHole:
+		return "black-hole"
+	case HalfOpen:
+		return "half-open"
+	}
+	return "unknown"
+}
+
+// Proxy forwards loopback TCP connections to a broker. SetMode makes it
+// stall, black-hole or half-open them; Cut drops every connection and
+// refuses new ones: a broker that went down, as the client sees it,
+// without touching a server other tests share.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	conns []net.Conn
-	cut   bool
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	mode    Mode
+	changed chan struct{} // closed and replaced on each mode change
+	conns   map[*pair]struct{}
+	cut     bool
+	wg      sync.WaitGroup
+}
+
+// pair is one client connection and, when forwarding, its broker side.
+type pair struct {
+	in, out net.Conn // out is nil for a connection accepted in BlackHole or HalfOpen
+	lost    bool     // bytes were swallowed: it cannot carry on after Heal
 }
 
 // NewProxy listens on a free loopback port and forwards to target. It is
 // closed when the test ends.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := Listen(target)
 	if err != nil {
-		t.Fatalf("proxy listen: %v", err)
+		t.Fatalf("proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.accept()
 	t.Cleanup(p.Cut)
 	return p
+}
+
+// Listen is NewProxy for use outside tests; the caller calls Cut.
+func Listen(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, changed: make(chan struct{}), conns: map[*pair]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
 }
 
 // Addr is the host:port clients dial instead of the target.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Cut closes the listener and every forwarded connection, and waits for the
+// SetMode switches what the proxy does from now on, for the connections it
+// has and those to come.
+func (p *Proxy) SetMode(m Mode) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mode == m {
+		return
+	}
+	p.mode = m
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// Heal goes back to Forward. Connections that cannot carry on (bytes were
+// swallowed, or the broker side never existed) are reset; stalled ones
+// resume with what waited in their buffers.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	var dead []*pair
+	for c := range p.conns {
+		if c.lost || c.out == nil || p.mode == HalfOpen {
+			dead = append(dead, c)
+			delete(p.conns, c)
+		}
+	}
+	p.mode = Forward
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+	for _, c := range dead {
+		c.close()
+	}
+}
+
+// Mode is the current mode.
+func (p *Proxy) Mode() Mode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode
+}
+
+// Cut closes the listener and every connection, and waits for the
 // forwarding goroutines to end. It is safe to call more than once.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	p.cut = true
 	conns := p.conns
-	p.conns = nil
+	p.conns = map[*pair]struct{}{}
+	close(p.changed) // wake every waiting pipe
+	p.changed = make(chan struct{})
 	p.mu.Unlock()
 	_ = p.ln.Close()
-	for _, c := range conns {
-		_ = c.Close()
+	for c := range conns {
+		c.close()
 	}
 	p.wg.Wait()
+}
+
+func (c *pair) close() {
+	_ = c.in.Close()
+	if c.out != nil {
+		_ = c.out.Close()
+	}
 }
 
 func (p *Proxy) accept() {
@@ -60,30 +164,120 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = in.Close()
-			continue
+		c := &pair{in: in}
+		if m := p.Mode(); m == Forward || m == Stall {
+			// A stalled broker still completes the TCP handshake (its
+			// kernel does); only the process is not reading.
+			if c.out, err = net.Dial("tcp", p.target); err != nil {
+				_ = in.Close()
+				continue
+			}
 		}
 		p.mu.Lock()
 		if p.cut {
 			p.mu.Unlock()
-			_ = in.Close()
-			_ = out.Close()
+			c.close()
 			return
 		}
-		p.conns = append(p.conns, in, out)
-		p.wg.Add(2)
+		p.conns[c] = struct{}{}
+		if c.out != nil {
+			p.wg.Add(2)
+			go p.pipe(c, c.out, c.in)
+			go p.pipe(c, c.in, c.out)
+		} else {
+			p.wg.Add(1)
+			go p.swallow(c)
+		}
 		p.mu.Unlock()
-		go p.pipe(in, out)
-		go p.pipe(out, in)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+// gate waits until the mode lets src be read, and says what to do with
+// what is read: deliver it or throw it away. False means the connection is
+// gone.
+func (p *Proxy) gate(c *pair) (deliver, ok bool) {
+	for {
+		p.mu.Lock()
+		if _, live := p.conns[c]; !live || p.cut {
+			p.mu.Unlock()
+			return false, false
+		}
+		mode, changed := p.mode, p.changed
+		p.mu.Unlock()
+		switch mode {
+		case Forward:
+			return true, true
+		case BlackHole:
+			return false, true
+		}
+		<-changed // Stall, HalfOpen: read nothing until the mode changes
+	}
+}
+
+func (p *Proxy) pipe(c *pair, dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	// One direction ended: end the other too, as a dropped link would.
-	_ = dst.Close()
-	_ = src.Close()
+	defer func() {
+		// One direction ended: end the other too, as a dropped link would.
+		p.mu.Lock()
+		delete(p.conns, c)
+		p.mu.Unlock()
+		c.close()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		if _, ok := p.gate(c); !ok {
+			return
+		}
+		n, err := src.Read(buf)
+		if n > 0 {
+			// Bytes read under one mode may meet another: hold them
+			// while stalled, drop them in a black hole.
+			deliver, ok := p.gate(c)
+			if !ok {
+				return
+			}
+			if deliver {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			} else {
+				p.mu.Lock()
+				c.lost = true
+				p.mu.Unlock()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// swallow serves a connection that has no broker side: it reads and
+// drops in BlackHole, reads nothing otherwise, until it is closed.
+func (p *Proxy) swallow(c *pair) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		p.mu.Lock()
+		_, live := p.conns[c]
+		mode, changed, cut := p.mode, p.changed, p.cut
+		p.mu.Unlock()
+		if !live || cut {
+			c.close()
+			return
+		}
+		if mode != BlackHole {
+			<-changed
+			continue
+		}
+		if _, err := c.in.Read(buf); err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.mu.Lock()
+				delete(p.conns, c)
+				p.mu.Unlock()
+			}
+			c.close()
+			return
+		}
+	}
 }

@@ -12,13 +12,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub"
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -117,7 +120,11 @@ func (s Settings) clientOptions() []option.ClientOption {
 }
 
 // New creates the client and returns a publisher routing with topics. The
-// client connects lazily: an unreachable endpoint shows on the first publish.
+// client connects lazily: an unreachable endpoint shows on the first
+// publish or ping. Each client is a link (see wm.Open): creating it is
+// bounded by ConnectTimeout, its sockets are tracked, and a publish or
+// ping that outlives its deadline aborts them and the next publish creates
+// a new client.
 func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -126,17 +133,43 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	d := &dialer{s: s, log: log}
+	pub, err := wm.Open(ctx, d.dial, topics, classify, wm.Options{DialTimeout: s.ConnectTimeout, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
 	}
+	log.Info("googlecloud publisher ready", "project_id", s.ProjectID, "emulator", s.EmulatorHost != "",
+		"delay_threshold", s.DelayThreshold, "count_threshold", s.CountThreshold)
+	return pub, nil
+}
+
+type dialer struct {
+	s   Settings
+	log *slog.Logger
+}
+
+func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
+	s := d.s
+	socks := &brokers.Sockets{}
+	tcp := socks.Wrap(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Timeout: s.ConnectTimeout}
+		return nd.DialContext(ctx, network, addr)
+	})
+	opts := append(s.clientOptions(), option.WithGRPCDialOption(grpc.WithContextDialer(
+		func(_ context.Context, addr string) (net.Conn, error) { return tcp("tcp", addr) })))
 	ps := pubsub.DefaultPublishSettings
 	ps.DelayThreshold = s.DelayThreshold
 	ps.CountThreshold = s.CountThreshold
 	ps.ByteThreshold = s.ByteThreshold
 	ps.Timeout = s.PublishTimeout
+	stop := context.AfterFunc(ctx, socks.Abort)
+	defer stop()
 	pub, err := wmgc.NewPublisher(wmgc.PublisherConfig{
-		ProjectID:                 s.ProjectID,
-		DoNotCreateTopicIfMissing: true, // see creator
+		ProjectID: s.ProjectID,
+		// The link checks topics itself, with a context its abort ends:
+		// Watermill checks under a lock, with a context of its own.
+		DoNotCheckTopicExistence:  true,
+		DoNotCreateTopicIfMissing: true,
 		EnableMessageOrdering:     true,
 		// A failed publish pauses its ordering key; resume it so the
 		// relay's retry can go out.
@@ -144,72 +177,98 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 		ConnectTimeout:  s.ConnectTimeout,
 		PublishTimeout:  s.PublishTimeout,
 		PublishSettings: &ps,
-		ClientOptions:   s.clientOptions(),
+		ClientOptions:   opts,
 		Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
 			return m.Metadata.Get(core.HeaderAggregateID), nil
 		}),
-	}, watermill.NewSlogLogger(log))
+	}, watermill.NewSlogLogger(d.log))
 	if err != nil {
-		return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
+		socks.Abort()
+		return nil, err
 	}
-	var wpub message.Publisher = pub
-	if s.CreateTopics {
-		c, err := pubsub.NewClient(ctx, s.ProjectID, s.clientOptions()...)
-		if err != nil {
-			_ = pub.Close()
-			return nil, fmt.Errorf("create pubsub client for project %s: %w", s.ProjectID, err)
-		}
-		wpub = &creator{Publisher: pub, client: c, timeout: s.PublishTimeout, known: map[string]bool{}}
+	// A client of our own, for pings and topic checks.
+	c, err := pubsub.NewClient(ctx, s.ProjectID, opts...)
+	if err != nil {
+		socks.Abort()
+		_ = pub.Close()
+		return nil, err
 	}
-	log.Info("googlecloud publisher ready", "project_id", s.ProjectID, "emulator", s.EmulatorHost != "",
-		"delay_threshold", s.DelayThreshold, "count_threshold", s.CountThreshold)
-	return wm.New(wm.Guard(wpub), topics, classify), nil
+	lctx, cancel := context.WithCancel(context.Background())
+	l := &link{Publisher: pub, client: c, ctx: lctx, timeout: s.PublishTimeout, create: s.CreateTopics, known: map[string]bool{}}
+	abort := func() { cancel(); socks.Abort() }
+	return &wm.Link{Publisher: l, Ping: l.ping, Abort: abort}, nil
 }
 
-// creator creates a missing topic before Watermill first sees it. Watermill
-// can create topics too, but a topic it creates loses the publish settings
-// (back to the slow default batching).
-type creator struct {
+// link is Watermill's publisher and a client of ours beside it, which
+// checks each topic before its first publish (and creates it, with
+// create_topics: Watermill can create topics too, but a topic it creates
+// loses the publish settings, back to the slow default batching).
+type link struct {
 	message.Publisher
 	client  *pubsub.Client
+	ctx     context.Context // ends with the link's abort
 	timeout time.Duration
+	create  bool
 
-	mu    sync.Mutex
+	mu    sync.Mutex // held while checking a topic
 	known map[string]bool
+	last  atomic.Value // string: a topic published to, for pings
 }
 
-var _ message.Publisher = (*creator)(nil)
+var _ message.Publisher = (*link)(nil)
 
-func (c *creator) Publish(topic string, msgs ...*message.Message) error {
-	if err := c.ensure(topic); err != nil {
+func (l *link) Publish(topic string, msgs ...*message.Message) error {
+	if err := l.ensure(topic); err != nil {
 		return err
 	}
-	return c.Publisher.Publish(topic, msgs...)
+	if err := l.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	l.last.Store(topic)
+	return nil
 }
 
-func (c *creator) ensure(topic string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.known[topic] {
+func (l *link) ensure(topic string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.known[topic] {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
 	defer cancel()
-	ok, err := c.client.Topic(topic).Exists(ctx)
+	ok, err := l.client.Topic(topic).Exists(ctx)
 	if err != nil {
 		return fmt.Errorf("check topic %s: %w", topic, err)
 	}
 	if !ok {
-		if _, err := c.client.CreateTopic(ctx, topic); err != nil && status.Code(err) != codes.AlreadyExists {
+		if !l.create {
+			return fmt.Errorf("%s: %w", topic, wmgc.ErrTopicDoesNotExist)
+		}
+		if _, err := l.client.CreateTopic(ctx, topic); err != nil && status.Code(err) != codes.AlreadyExists {
 			return fmt.Errorf("create topic %s: %w", topic, err)
 		}
 	}
-	c.known[topic] = true
+	l.known[topic] = true
 	return nil
 }
 
-func (c *creator) Close() error {
-	return errors.Join(c.Publisher.Close(), c.client.Close())
+func (l *link) Close() error { return errors.Join(l.Publisher.Close(), l.client.Close()) }
+
+// ping checks that the last topic published to still exists or, before
+// any publish, lists one topic. A refusal for want of permission is an
+// answer: the service is there.
+func (l *link) ping(ctx context.Context) error {
+	topic, _ := l.last.Load().(string)
+	var err error
+	if topic != "" {
+		_, err = l.client.Topic(topic).Exists(ctx)
+	} else if _, err = l.client.Topics(ctx).Next(); errors.Is(err, iterator.Done) {
+		err = nil
+	}
+	if status.Code(err) == codes.PermissionDenied {
+		return nil
+	}
+	return err
 }
 
 // classify marks the errors retrying cannot fix: a message the service

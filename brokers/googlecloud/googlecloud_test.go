@@ -144,3 +144,20 @@ func TestRegistered(t *testing.T) {
 	}
 	_ = pub.Close()
 }
+
+func TestStalls(t *testing.T) {
+	brokertest.RunStalls(t, brokertest.StallHarness{
+		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
+			srv := server(t)
+			proxy := brokertest.NewProxy(t, srv.Addr)
+			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+				ProjectID: project, EmulatorHost: proxy.Addr(), CreateTopics: true, PublishTimeout: 3 * time.Second,
+			}, r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pub, proxy
+		},
+		Modes: []brokertest.Mode{brokertest.BlackHole, brokertest.HalfOpen},
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -198,6 +199,14 @@ func (s Settings) sarama() (*sarama.Config, error) {
 
 // New connects to the cluster (an unreachable one is an error) and returns
 // a publisher routing events with topics.
+//
+// Sarama's calls take no context and retry on their own, each read bounded
+// only by its 30s read timeout, so a broker that accepts connections and
+// never answers would hold start-up for minutes. Each connection to the
+// cluster is therefore a link of its own (see wm.Open): its sockets are
+// tracked, opening it is bounded by DialTimeout, and a publish or ping
+// that outlives its deadline aborts the sockets and the next publish
+// connects anew.
 func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -210,42 +219,127 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	if err := probe(ctx, s.Brokers, cfg); err != nil {
-		return nil, fmt.Errorf("connect to kafka %v: %w", s.Brokers, err)
-	}
-	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
-		Brokers: s.Brokers,
-		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(core.HeaderAggregateID), nil
-		}),
-		OverwriteSaramaConfig: cfg,
-	}, watermill.NewSlogLogger(log))
+	d := &dialer{s: s, log: log}
+	pub, err := wm.Open(ctx, d.dial, topics, classify, wm.Options{DialTimeout: s.DialTimeout, Broken: linkDown, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("connect to kafka %v: %w", s.Brokers, err)
 	}
 	log.Info("kafka publisher ready", "brokers", s.Brokers, "acks", s.Acks, "idempotent", cfg.Producer.Idempotent)
-	return wm.New(wm.Guard(pub), topics, classify), nil
+	return pub, nil
 }
 
-// probe fetches metadata once, so an unreachable cluster or refused
-// credentials fail New, whatever the acks setting. (Sarama's producer, when
-// it fails to start, also leaves its client running.)
-func probe(ctx context.Context, addrs []string, cfg *sarama.Config) error {
-	c, err := sarama.NewClient(addrs, cfg)
+// dialer opens links: a metadata client, which also answers pings, and
+// Watermill's producer, over sockets of their own.
+type dialer struct {
+	s   Settings
+	log *slog.Logger
+}
+
+// sockDialer gives Sarama tracked sockets (it takes a proxy-style dialer).
+type sockDialer func(network, addr string) (net.Conn, error)
+
+func (d sockDialer) Dial(network, addr string) (net.Conn, error) { return d(network, addr) }
+
+func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
+	cfg, err := d.s.sarama()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	socks := &brokers.Sockets{}
+	timeout, keepAlive := cfg.Net.DialTimeout, cfg.Net.KeepAlive
+	cfg.Net.Proxy.Enable = true
+	cfg.Net.Proxy.Dialer = sockDialer(socks.Wrap(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Timeout: timeout, KeepAlive: keepAlive}
+		return nd.DialContext(ctx, network, addr)
+	}))
+	// Once the sockets are aborted, Sarama's retries have nothing to wait
+	// for: they fail at once, so an abandoned link ends promptly.
+	metaBackoff, prodBackoff := cfg.Metadata.Retry.Backoff, cfg.Producer.Retry.Backoff
+	cfg.Metadata.Retry.BackoffFunc = func(int, int) time.Duration {
+		if socks.Aborted() {
+			return 0
+		}
+		return metaBackoff
+	}
+	cfg.Producer.Retry.BackoffFunc = func(int, int) time.Duration {
+		if socks.Aborted() {
+			return 0
+		}
+		return prodBackoff
+	}
+	// Sarama takes no context: ending ctx closes the sockets under it.
+	stop := context.AfterFunc(ctx, socks.Abort)
+	defer stop()
+	fail := func(what string, err error, closers ...func() error) (*wm.Link, error) {
+		socks.Abort()
+		for _, c := range closers {
+			_ = c()
+		}
+		return nil, fmt.Errorf("%s: %w", what, errors.Join(ctx.Err(), err))
+	}
+	// Fetching metadata once makes an unreachable cluster or refused
+	// credentials fail here, whatever the acks setting.
+	client, err := sarama.NewClient(d.s.Brokers, cfg)
+	if err != nil {
+		return fail("connect", err)
+	}
+	if err := client.RefreshMetadata(); err != nil {
+		return fail("fetch metadata", err, client.Close)
+	}
+	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
+		Brokers: d.s.Brokers,
+		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+			return m.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+		OverwriteSaramaConfig: cfg,
+	}, watermill.NewSlogLogger(d.log))
+	if err != nil {
+		return fail("start producer", err, client.Close)
+	}
+	if ctx.Err() != nil {
+		return fail("start producer", ctx.Err(), pub.Close, client.Close)
+	}
+	l := &link{Publisher: pub, client: client}
+	return &wm.Link{Publisher: l, Ping: l.ping, Abort: socks.Abort}, nil
+}
+
+// link is Watermill's producer and the metadata client beside it.
+type link struct {
+	*wmkafka.Publisher
+	client sarama.Client
+}
+
+func (l *link) Close() error { return errors.Join(l.Publisher.Close(), l.client.Close()) }
+
+// ping asks one broker for its API versions: the cheapest request every
+// broker answers. A broker whose connection failed is closed, so the next
+// ping dials it again.
+func (l *link) ping(ctx context.Context) error {
 	done := make(chan error, 1)
-	go func() { done <- c.RefreshMetadata() }()
+	go func() { // Sarama takes no context; a retired link's abort ends this
+		b := l.client.LeastLoadedBroker()
+		if b == nil {
+			done <- sarama.ErrOutOfBrokers
+			return
+		}
+		if _, err := b.ApiVersions(&sarama.ApiVersionsRequest{}); err != nil {
+			_ = b.Close()
+			done <- fmt.Errorf("broker %s: %w", b.Addr(), err)
+			return
+		}
+		done <- nil
+	}()
 	select {
-	case err = <-done:
+	case err := <-done:
+		return err
 	case <-ctx.Done():
-		err = ctx.Err()
+		return ctx.Err()
 	}
-	if cerr := c.Close(); err == nil {
-		err = cerr
-	}
-	return err
+}
+
+// linkDown reports errors after which the producer is no use.
+func linkDown(err error) bool {
+	return errors.Is(err, sarama.ErrClosedClient) || errors.Is(err, sarama.ErrShuttingDown)
 }
 
 // classify marks the errors retrying cannot fix: this message is too large

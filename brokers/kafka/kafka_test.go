@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,9 @@ func TestMain(m *testing.M) {
 		// Sarama's metrics registry starts a ticker goroutine per meter it
 		// never stops (rcrowley/go-metrics).
 		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		// A producer whose broker failed opens a circuit breaker whose
+		// timer sleeps out 10s after the producer is closed.
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"),
 	)
 }
 
@@ -194,4 +199,70 @@ func TestRegistered(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = pub.Close()
+}
+
+// proxied starts kfake behind a proxy: the cluster advertises the proxy's
+// address, so every connection the client makes, bootstrap and brokers,
+// passes through it.
+func proxied(t *testing.T) (*kfake.Cluster, *brokertest.Proxy) {
+	t.Helper()
+	var proxy *brokertest.Proxy
+	kf := cluster(t, kfake.ListenFn(func(network, addr string) (net.Listener, error) {
+		ln, err := net.Listen(network, "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		proxy = brokertest.NewProxy(t, ln.Addr().String())
+		return advertised{Listener: ln, addr: proxy}, nil
+	}))
+	return kf, proxy
+}
+
+// advertised is a listener that gives the proxy's address as its own.
+type advertised struct {
+	net.Listener
+	addr *brokertest.Proxy
+}
+
+func (a advertised) Addr() net.Addr {
+	ap, _ := netip.ParseAddrPort(a.addr.Addr())
+	return net.TCPAddrFromAddrPort(ap)
+}
+
+func TestStalls(t *testing.T) {
+	brokertest.RunStalls(t, brokertest.StallHarness{
+		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
+			kf, proxy := proxied(t)
+			pub, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second, Timeout: time.Second}, r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pub, proxy
+		},
+		// A black hole looks the same to the client as a stall until the
+		// heal; the amqp suite runs all three.
+		Modes: []brokertest.Mode{brokertest.Stall, brokertest.HalfOpen},
+	})
+}
+
+// A broker address that accepts connections and never answers fails
+// start-up within dial_timeout, not after Sarama's read timeouts and
+// retries (minutes).
+func TestStartUpBoundedByDialTimeout(t *testing.T) {
+	for _, m := range []brokertest.Mode{brokertest.BlackHole, brokertest.HalfOpen} {
+		t.Run(m.String(), func(t *testing.T) {
+			kf, proxy := proxied(t)
+			proxy.SetMode(m)
+			start := time.Now()
+			_, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs(), DialTimeout: time.Second}, nil, nil)
+			took := time.Since(start)
+			if err == nil {
+				t.Fatal("New against a broker that never answers succeeded")
+			}
+			t.Logf("failed after %v: %v", took.Round(time.Millisecond), err)
+			if took > 1500*time.Millisecond {
+				t.Fatalf("New took %v with dial_timeout 1s", took)
+			}
+		})
+	}
 }

@@ -2,10 +2,16 @@
 // turns an outbox event into a Watermill message (UUID = the event's uid,
 // payload = the stored bytes, metadata = the event's headers plus the relay's
 // identity headers) and publishes it on the routed topic.
+//
+// New wraps one publisher as it is. Open wraps a broker connection that it
+// dials itself and replaces when it wedges or drops: the broker adapters
+// use it, so that every publish, ping and Close is bounded whatever the
+// broker does.
 package wm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -21,22 +27,51 @@ type Classifier func(err error) error
 
 // Publisher publishes events through a Watermill publisher.
 type Publisher struct {
-	pub      message.Publisher
+	pub      message.Publisher // New: the one publisher
+	guard    *guard            // Open: the live link, replaced when it wedges
 	topics   *brokers.Routing
 	classify Classifier
 }
 
-var _ core.Publisher = (*Publisher)(nil)
+var (
+	_ core.Publisher = (*Publisher)(nil)
+	_ core.Pinger    = (*Publisher)(nil)
+)
 
 // New wraps pub. classify may be nil (every publish error is transient).
 func New(pub message.Publisher, topics *brokers.Routing, classify Classifier) *Publisher {
+	p := &Publisher{pub: pub}
+	p.init(topics, classify)
+	return p
+}
+
+// Open dials the first link, bounded by opts.DialTimeout and ctx, and
+// returns a publisher over it that replaces the link when it wedges or
+// drops (see Options.Broken). The publisher implements core.Pinger.
+func Open(ctx context.Context, dial Dialer, topics *brokers.Routing, classify Classifier, opts Options) (*Publisher, error) {
+	g := newGuard(dial, opts)
+	if _, err := g.current(ctx); err != nil {
+		// Whatever the dial left (an abandoned attempt) ends aside; the
+		// caller is told now.
+		g.mu.Lock()
+		g.closed = true
+		g.mu.Unlock()
+		g.cancel()
+		return nil, err
+	}
+	p := &Publisher{guard: g}
+	p.init(topics, classify)
+	return p, nil
+}
+
+func (p *Publisher) init(topics *brokers.Routing, classify Classifier) {
 	if topics == nil {
 		topics = &brokers.Routing{}
 	}
 	if classify == nil {
 		classify = func(err error) error { return err }
 	}
-	return &Publisher{pub: pub, topics: topics, classify: classify}
+	p.topics, p.classify = topics, classify
 }
 
 // Message builds the Watermill message for e.
@@ -65,18 +100,53 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	}
 	msg := Message(e)
 	msg.SetContext(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.pub.Publish(topic, msg) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return p.classify(fmt.Errorf("publish to %s: %w", topic, err))
-		}
+	if p.guard != nil {
+		err = p.guard.publish(ctx, topic, msg)
+	} else {
+		err = aside(ctx, func() error { return p.pub.Publish(topic, msg) })
+	}
+	switch {
+	case err == nil:
 		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("publish to %s: %w", topic, ctx.Err())
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return fmt.Errorf("publish to %s: %w", topic, err)
+	default:
+		return p.classify(fmt.Errorf("publish to %s: %w", topic, err))
 	}
 }
 
-// Close closes the Watermill publisher.
-func (p *Publisher) Close() error { return p.pub.Close() }
+// aside runs fn on its own goroutine and returns when it does or ctx ends.
+func aside(ctx context.Context, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Ping implements core.Pinger: it checks the broker over the live link,
+// dialing one when the last was torn down. A publisher from New has no
+// broker to ask and always answers nil.
+func (p *Publisher) Ping(ctx context.Context) error {
+	if p.guard == nil {
+		return nil
+	}
+	if err := p.guard.ping(ctx); err != nil {
+		return fmt.Errorf("ping broker: %w", err)
+	}
+	return nil
+}
+
+// Close closes the Watermill publisher. A publisher from Open waits for
+// calls in flight until halfway through Options.CloseTimeout, then aborts
+// its connection to end them, and returns by CloseTimeout whatever the
+// broker does.
+func (p *Publisher) Close() error {
+	if p.guard != nil {
+		return p.guard.close()
+	}
+	return p.pub.Close()
+}

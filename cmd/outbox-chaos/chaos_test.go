@@ -35,12 +35,13 @@ func TestFaultsRabbitMQ(t *testing.T) {
 	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second})
 }
 
-// A shorter one against Kafka (kfake, in memory, so never restarted).
+// A shorter one against Kafka (kfake, in memory, so never restarted, but
+// reached through a proxy that half-opens its connections).
 func TestFaultsKafka(t *testing.T) {
 	servers(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	runShort(t, Options{Broker: "kafka", Events: 2000, ProduceFor: 15 * time.Second,
-		Faults: []string{KillRelay, PauseRelay, CrashPG}})
+		Faults: []string{KillRelay, PauseRelay, CrashPG, HalfOpen}})
 }
 
 func runShort(t *testing.T, o Options) {

@@ -8,9 +8,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,25 +25,33 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/dedupe"
 )
 
 // Fault kinds, in the order a run applies them by default.
 const (
-	KillRelay   = "kill-relay"     // SIGKILL one relay; it is restarted
-	PauseRelay  = "pause-relay"    // SIGSTOP one relay past its claim timeout, then SIGCONT
-	RestartMQ   = "restart-broker" // RabbitMQ stop_app, a few seconds down, start_app
-	RestartPG   = "restart-pg"     // PostgreSQL fast shutdown, a few seconds down, start
-	CrashPG     = "crash-pg"       // PostgreSQL immediate shutdown (crash recovery), start
-	KillAll     = "kill-all"       // SIGKILL every relay at once
-	topic       = "order"          // where "order.updated" is routed
-	claimWindow = 5 * time.Second  // idle_in_transaction_timeout given to the relays
+	KillRelay   = "kill-relay"       // SIGKILL one relay; it is restarted
+	PauseRelay  = "pause-relay"      // SIGSTOP one relay past its claim timeout, then SIGCONT
+	RestartMQ   = "restart-broker"   // RabbitMQ stop_app, a few seconds down, start_app
+	RestartPG   = "restart-pg"       // PostgreSQL fast shutdown, a few seconds down, start
+	CrashPG     = "crash-pg"         // PostgreSQL immediate shutdown (crash recovery), start
+	KillAll     = "kill-all"         // SIGKILL every relay at once
+	FreezeMQ    = "freeze-broker"    // SIGSTOP the RabbitMQ process, then SIGCONT
+	BlackHole   = "blackhole-broker" // the relays' broker proxy reads and never answers, then heals
+	HalfOpen    = "halfopen-broker"  // the relays' broker proxy reads nothing and answers nothing, then heals
+	topic       = "order"            // where "order.updated" is routed
+	claimWindow = 5 * time.Second    // idle_in_transaction_timeout given to the relays
 )
 
 // AllFaults are the fault kinds for RabbitMQ. Kafka runs on kfake, which
-// is in memory: restarting it would lose what it holds, so a Kafka run
-// leaves out RestartMQ.
-var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll}
+// is in memory: restarting it would lose what it holds, and it runs inside
+// this process, so a Kafka run leaves out RestartMQ and FreezeMQ.
+var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen}
+
+// LagSLO is the lag (age of the oldest pending event) a run counts as
+// recovered under, after each fault.
+const LagSLO = 2 * time.Second
 
 // Options configure a run. The zero value is a short run against RabbitMQ.
 type Options struct {
@@ -56,6 +67,10 @@ type Options struct {
 	Faults   []string
 	FaultGap time.Duration // default 2s
 	Outage   time.Duration // how long a server stays down; default 3s
+	// Stall is how long the broker stays frozen, black-holed or
+	// half-open; default 8s, past the relays' heartbeat of 2s times
+	// three, so their connections drop while publishes wait.
+	Stall time.Duration
 	// DrainTimeout bounds the wait, after production and faults, for the
 	// backlog to empty and every event to reach the checker; default 3m.
 	DrainTimeout time.Duration
@@ -96,6 +111,7 @@ func (o Options) withDefaults() (Options, error) {
 	defDur(&o.ProduceFor, 25*time.Second)
 	defDur(&o.FaultGap, 2*time.Second)
 	defDur(&o.Outage, 3*time.Second)
+	defDur(&o.Stall, 8*time.Second)
 	defDur(&o.DrainTimeout, 3*time.Minute)
 	if o.Faults == nil {
 		o.Faults = AllFaults
@@ -103,8 +119,8 @@ func (o Options) withDefaults() (Options, error) {
 	var faults []string
 	for _, f := range o.Faults {
 		switch f {
-		case KillRelay, PauseRelay, RestartPG, CrashPG, KillAll:
-		case RestartMQ:
+		case KillRelay, PauseRelay, RestartPG, CrashPG, KillAll, BlackHole, HalfOpen:
+		case RestartMQ, FreezeMQ:
 			if o.Broker == "kafka" {
 				continue // kfake is in memory; see AllFaults
 			}
@@ -151,6 +167,9 @@ type Report struct {
 	ConsumerRetries     int64
 	ConsumerReconnects  int64
 	Examples            []string
+	// Recovery is, per fault kind, the time from the fault's end until
+	// the lag was back under LagSLO, one entry per fault applied.
+	Recovery map[string][]time.Duration
 }
 
 // Err says what is wrong with the figures, or nil.
@@ -168,6 +187,13 @@ func (r *Report) Err() error {
 	check("events without effect", r.Committed-r.Effects, 0)
 	check("messages without identity", r.NoIdentity, 0)
 	check("backlog at end", r.BacklogAtEnd, 0)
+	for _, f := range AllFaults {
+		for _, d := range r.Recovery[f] {
+			if d >= recoveryLimit {
+				errs = append(errs, fmt.Errorf("after %s the lag stayed over %s for %s", f, LagSLO, recoveryLimit))
+			}
+		}
+	}
 	if r.MaxFailedCyclesPerSecond > 20 {
 		errs = append(errs, fmt.Errorf("a relay failed %d cycles in one second: it does not back off", r.MaxFailedCyclesPerSecond))
 	}
@@ -214,6 +240,19 @@ func (r *Report) Print(w io.Writer) {
 	for _, e := range r.Examples {
 		fmt.Fprintf(w, "  %s\n", e)
 	}
+	fmt.Fprintf(w, "%-28s\n", fmt.Sprintf("recovery (lag under %s after the fault ends):", LagSLO))
+	for _, f := range AllFaults {
+		if ds := r.Recovery[f]; len(ds) > 0 {
+			fmt.Fprintf(w, "  %-26s %s\n", f, summarize(ds))
+		}
+	}
+}
+
+// summarize gives the largest and the median of ds.
+func summarize(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return fmt.Sprintf("max %v, median %v (%d)", s[len(s)-1].Round(100*time.Millisecond), s[len(s)/2].Round(100*time.Millisecond), len(s))
 }
 
 // Run starts private servers, relays, producers and the checker, applies
@@ -265,6 +304,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		"OUTBOX_RELAY_SHUTDOWN_TIMEOUT=10s",
 		"OUTBOX_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT=" + claimWindow.String(),
 		"OUTBOX_LOG_FORMAT=json",
+		// Short, so a frozen broker's connections drop within a stall.
+		"OUTBOX_BROKERS_AMQP_HEARTBEAT=2s",
 	}
 	chk := &checker{t: newTally(), log: log.With("part", "checker")}
 	consumerPool, err := pool(ctx, db.consumerURL, 4)
@@ -279,9 +320,21 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	var consumerDone sync.WaitGroup
 	defer func() { stopConsumer(); consumerDone.Wait() }()
 
+	var proxy *brokertest.Proxy
 	switch o.Broker {
 	case "amqp":
-		relayEnv = append(relayEnv, "OUTBOX_BROKERS_AMQP_URL="+srv.AMQPURL)
+		// The relays reach RabbitMQ through a proxy the faults can
+		// black-hole; the checker goes direct.
+		u, err := url.Parse(srv.AMQPURL)
+		if err != nil {
+			return nil, fmt.Errorf("chaos: amqp url: %w", err)
+		}
+		if proxy, err = brokertest.Listen(u.Host); err != nil {
+			return nil, fmt.Errorf("chaos: broker proxy: %w", err)
+		}
+		defer proxy.Cut()
+		u.Host = proxy.Addr()
+		relayEnv = append(relayEnv, "OUTBOX_BROKERS_AMQP_URL="+u.String())
 		if err := prepareQueue(srv.AMQPURL); err != nil {
 			return nil, err
 		}
@@ -292,11 +345,25 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(8, topic))
+		// kfake advertises the proxy's address, so every connection to
+		// it, the relays' and the checker's, goes through the proxy.
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(8, topic),
+			kfake.ListenFn(func(network, addr string) (net.Listener, error) {
+				ln, err := net.Listen(network, addr)
+				if err != nil {
+					return nil, err
+				}
+				if proxy, err = brokertest.Listen(ln.Addr().String()); err != nil {
+					_ = ln.Close()
+					return nil, err
+				}
+				return advertised{Listener: ln, proxy: proxy}, nil
+			}))
 		if err != nil {
 			return nil, fmt.Errorf("start kfake: %w", err)
 		}
 		defer cluster.Close()
+		defer proxy.Cut()
 		addrs := cluster.ListenAddrs()
 		relayEnv = append(relayEnv, "OUTBOX_BROKERS_KAFKA_BROKERS="+strings.Join(addrs, ","))
 		consumerDone.Add(1)
@@ -349,7 +416,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	go func() { defer close(progressDone); progress(pctx, log, db, prod, chk) }()
 	defer func() { stopProducers(); <-progressDone }()
 
-	f := &faulter{prod: prod, db: db.admin, srv: srv, slots: slots, outage: o.Outage, log: log.With("part", "faults"), done: map[string]int{}}
+	f := &faulter{prod: prod, db: db, srv: srv, slots: slots, outage: o.Outage, stall: o.Stall, proxy: proxy,
+		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{}}
 	err = f.apply(ctx, o.Faults, o.FaultGap)
 	faultsOver.Store(true)
 	if err != nil {
@@ -389,7 +457,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	stopConsumer()
 	consumerDone.Wait()
 
-	rep := &Report{Broker: o.Broker, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog}
+	rep := &Report{Broker: o.Broker, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog, Recovery: f.recovery}
 	for _, s := range slots {
 		rep.RelayExits += s.exitCount()
 		rep.FailedCycles += s.lines.failureCount()
@@ -462,17 +530,22 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// faulter applies faults and counts them.
+// faulter applies faults, counts them and times the recovery from each.
 type faulter struct {
-	prod     *producers
-	db       *pgxpool.Pool
-	midClaim int // relay faults that caught the relay holding a claim
-	srv      *Servers
-	slots    []*relaySlot
-	outage   time.Duration
-	log      *slog.Logger
-	done     map[string]int
+	prod          *producers
+	db            *database
+	midClaim      int // relay faults that caught the relay holding a claim
+	srv           *Servers
+	slots         []*relaySlot
+	outage, stall time.Duration
+	proxy         *brokertest.Proxy // between the relays and the broker
+	log           *slog.Logger
+	done          map[string]int
+	recovery      map[string][]time.Duration
 }
+
+// recoveryLimit bounds the wait for the lag to come back under LagSLO.
+const recoveryLimit = 90 * time.Second
 
 func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration) error {
 	for _, kind := range faults {
@@ -484,9 +557,48 @@ func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration)
 			return fmt.Errorf("fault %s: %w", kind, err)
 		}
 		f.done[kind]++
+		// The next fault waits for this one's recovery, so each is timed
+		// on its own.
+		d, err := f.recovered(ctx)
+		if err != nil {
+			return err
+		}
+		f.log.Info("recovered", "kind", kind, "after", d.Round(100*time.Millisecond))
+		f.recovery[kind] = append(f.recovery[kind], d)
 	}
 	return nil
 }
+
+// recovered says how long after the fault's end the lag came back under
+// LagSLO to stay: under it for settleWindow without a break (a killed
+// relay's lag builds only after the kill, so the first reading alone
+// would say 0). A lag still over it after recoveryLimit counts as the
+// limit.
+func (f *faulter) recovered(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	var under time.Time // since when the lag has been under LagSLO; zero while over
+	for {
+		lag, err := f.db.lag(ctx)
+		switch {
+		case err != nil || lag >= LagSLO:
+			under = time.Time{}
+		case under.IsZero():
+			under = time.Now()
+		case time.Since(under) >= settleWindow:
+			return under.Sub(start), nil
+		}
+		if time.Since(start) > recoveryLimit {
+			return recoveryLimit, nil
+		}
+		if !sleep(ctx, 100*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// settleWindow is how long the lag must stay under LagSLO to count as
+// recovered.
+const settleWindow = 3 * time.Second
 
 func (f *faulter) one(ctx context.Context, kind string) error {
 	switch kind {
@@ -510,6 +622,16 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 		// transaction and the others take its events over.
 		sleep(ctx, claimWindow+3*time.Second)
 		s.signal(syscall.SIGCONT)
+	case FreezeMQ:
+		return f.srv.FreezeRabbitMQ(ctx, f.stall)
+	case BlackHole, HalfOpen:
+		mode := brokertest.BlackHole
+		if kind == HalfOpen {
+			mode = brokertest.HalfOpen
+		}
+		f.proxy.SetMode(mode)
+		sleep(ctx, f.stall)
+		f.proxy.Heal()
 	case RestartMQ:
 		if err := f.srv.StopRabbitMQ(); err != nil {
 			return err
@@ -551,7 +673,7 @@ func (f *faulter) stopMidClaim(ctx context.Context, s *relaySlot) bool {
 		var open int
 		ports, err := s.localPorts()
 		if err == nil {
-			err = f.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			err = f.db.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND state <> 'idle'`, relayRole, ports).Scan(&open)
 		}
 		if err == nil && open > 0 {
@@ -590,4 +712,16 @@ func ModuleRoot() (string, error) {
 		return "", errors.New("find module root: not inside a module")
 	}
 	return filepath.Dir(mod), nil
+}
+
+// advertised is a listener that gives a proxy's address as its own, so
+// kfake tells clients to connect through the proxy.
+type advertised struct {
+	net.Listener
+	proxy *brokertest.Proxy
+}
+
+func (a advertised) Addr() net.Addr {
+	ap, _ := netip.ParseAddrPort(a.proxy.Addr())
+	return net.TCPAddrFromAddrPort(ap)
 }

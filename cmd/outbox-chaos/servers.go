@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -174,12 +175,53 @@ func (s *Servers) StartPostgres() error {
 }
 
 func (s *Servers) rabbitctl(args ...string) error {
+	_, err := s.rabbitctlOutput(args...)
+	return err
+}
+
+func (s *Servers) rabbitctlOutput(args ...string) (string, error) {
 	cmd := exec.Command("/usr/lib/rabbitmq/bin/rabbitmqctl", args...)
 	cmd.Env = append(os.Environ(), "HOME="+s.rabbitHome, "RABBITMQ_NODENAME="+s.rabbitNode,
 		"ERL_EPMD_ADDRESS=127.0.0.1", "ERL_EPMD_PORT="+s.epmd)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, out)
+		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// rabbitPID is the operating system process of this run's RabbitMQ node
+// (the Erlang VM), asked of the node itself so no other node is touched.
+func (s *Servers) rabbitPID() (int, error) {
+	out, err := s.rabbitctlOutput("eval", "os:getpid().")
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.Trim(strings.TrimSpace(out), `"`))
+	if err != nil || pid <= 1 {
+		return 0, fmt.Errorf("rabbitmqctl eval os:getpid(): unexpected answer %q", out)
+	}
+	return pid, nil
+}
+
+// FreezeRabbitMQ stops this run's RabbitMQ process (SIGSTOP) for d, then
+// resumes it (SIGCONT): its sockets stay open and nothing answers.
+func (s *Servers) FreezeRabbitMQ(ctx context.Context, d time.Duration) error {
+	pid, err := s.rabbitPID()
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("freeze rabbitmq %d: %w", pid, err)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		return fmt.Errorf("resume rabbitmq %d: %w", pid, err)
 	}
 	return nil
 }

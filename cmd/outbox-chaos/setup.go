@@ -155,6 +155,15 @@ func (db *database) backlog(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// lag is the age of the oldest event waiting to be dispatched (parked
+// ones aside), zero with none waiting.
+func (db *database) lag(ctx context.Context) (time.Duration, error) {
+	var secs float64
+	err := db.admin.QueryRow(ctx, "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM "+
+		db.table()+" WHERE dispatched_at IS NULL AND parked_at IS NULL").Scan(&secs)
+	return time.Duration(secs * float64(time.Second)), err
+}
+
 func (db *database) committedCount(ctx context.Context) (int, error) {
 	var n int
 	err := db.admin.QueryRow(ctx, "SELECT count(*) FROM "+db.table()).Scan(&n)

@@ -45,11 +45,7 @@ func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher,
 	if err != nil {
 		return nil, fmt.Errorf("http.listen %s: %w", addr, err)
 	}
-	checks := []check{{"database", st.Ping}}
-	if p, ok := pub.(core.Pinger); ok {
-		checks = append(checks, check{"broker", p.Ping})
-	}
-	checks = append(checks, check{"relay", progressCheck(relay, time.Now(), staleAfter(e.cfg.Relay))})
+	checks := readinessChecks(st.Ping, pub, progressCheck(relay, time.Now(), staleAfter(e.cfg.Relay)))
 	// /readyz shows the failures, which may quote a connection setting.
 	for i, c := range checks {
 		checks[i].fn = func(ctx context.Context) error { return e.mask.error(c.fn(ctx)) }
@@ -87,6 +83,17 @@ func topicLabel(r *brokers.Routing) func(*core.Event) string {
 // it is not ready: a slow batch takes up to a few publish timeouts.
 func staleAfter(r RelayConfig) time.Duration {
 	return max(2*r.PublishTimeout, 30*time.Second) + 3*r.PollInterval
+}
+
+// readinessChecks are the conditions /readyz tests: the database, the
+// broker (every shipped adapter answers pings, through the tracing
+// wrapper too) and the relay's progress.
+func readinessChecks(database func(context.Context) error, pub core.Publisher, relay func(context.Context) error) []check {
+	checks := []check{{"database", database}}
+	if p, ok := pub.(core.Pinger); ok {
+		checks = append(checks, check{"broker", p.Ping})
+	}
+	return append(checks, check{"relay", relay})
 }
 
 // check is one readiness condition.

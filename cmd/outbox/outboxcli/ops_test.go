@@ -32,7 +32,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		// Started by the Pub/Sub client's init, which the example config test imports.
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		// Sarama's metrics registry starts a ticker it never stops (the
+		// kafka readiness check).
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"))
 }
 
 type okPublisher struct{}

@@ -1,0 +1,133 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/memstore"
+)
+
+// pingPub is a publisher whose broker is up or down, and which answers
+// pings accordingly.
+type pingPub struct {
+	up    atomic.Bool
+	pings atomic.Int64
+	sent  log
+}
+
+func (p *pingPub) Publish(ctx context.Context, e *core.Event) error {
+	if !p.up.Load() {
+		return errors.New("connection refused")
+	}
+	p.sent.add(e)
+	return nil
+}
+
+func (p *pingPub) Ping(ctx context.Context) error {
+	p.pings.Add(1)
+	if !p.up.Load() {
+		return errors.New("connection refused")
+	}
+	return nil
+}
+
+func (p *pingPub) Close() error { return nil }
+
+// After an outage long enough to grow the error backoff, the relay
+// publishes again within 2s of the broker answering, not after the backoff.
+func TestResumesSoonAfterBrokerReturns(t *testing.T) {
+	s := memstore.New()
+	pub := &pingPub{}
+	s.Add(core.Event{AggregateID: "a"})
+	startRelay(t, s, pub, core.Options{
+		PollInterval: 10 * time.Millisecond,
+		RetryBackoff: core.Backoff{Min: time.Microsecond, Max: time.Microsecond},
+		ErrorBackoff: core.Backoff{Min: 20 * time.Second, Max: 30 * time.Second},
+	})
+	waitFor(t, "a probe to fail", func() bool { return pub.pings.Load() > 0 })
+	s.Add(core.Event{AggregateID: "b"})
+	up := time.Now()
+	pub.up.Store(true)
+	deadline := up.Add(2 * time.Second)
+	for len(s.Pending()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events still pending 2s after the broker came back", len(s.Pending()))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("publishing again %v after the broker answered", time.Since(up).Round(time.Millisecond))
+}
+
+// A batch that fails while every ping succeeds (the broker answers but
+// refuses) keeps its whole backoff: probing must not make the loop spin.
+func TestProbeKeepsBackoffWhileServersAnswer(t *testing.T) {
+	s := memstore.New()
+	s.Add(core.Event{AggregateID: "a"})
+	cs := &countingStore{Store: s}
+	pub := &refusing{}
+	startRelay(t, cs, pub, core.Options{
+		PollInterval:  time.Millisecond,
+		ProbeInterval: time.Millisecond,
+		RetryBackoff:  core.Backoff{Min: time.Microsecond, Max: time.Microsecond},
+		ErrorBackoff:  core.Backoff{Min: 200 * time.Millisecond, Max: 400 * time.Millisecond},
+	})
+	waitFor(t, "the first failed batch", func() bool { return cs.claims.Load() > 0 })
+	time.Sleep(time.Second)
+	if n := cs.claims.Load(); n > 8 {
+		t.Fatalf("%d claims in a second with backoffs of 200-400ms: probing shortened the backoff", n)
+	}
+	if pub.pings.Load() < 10 {
+		t.Fatalf("%d pings: the relay did not probe while backing off", pub.pings.Load())
+	}
+}
+
+// refusing answers pings but fails every publish.
+type refusing struct{ pings atomic.Int64 }
+
+func (p *refusing) Publish(context.Context, *core.Event) error { return errors.New("nack") }
+func (p *refusing) Ping(context.Context) error                 { p.pings.Add(1); return nil }
+func (p *refusing) Close() error                               { return nil }
+
+// pingStore is a store that can be pinged, down until up is set.
+type pingStore struct {
+	*memstore.Store
+	up atomic.Bool
+}
+
+func (s *pingStore) Ping(context.Context) error {
+	if !s.up.Load() {
+		return errors.New("database is down")
+	}
+	return nil
+}
+
+// The store is probed too: the relay resumes soon after the database
+// returns.
+func TestResumesSoonAfterStoreReturns(t *testing.T) {
+	ms := memstore.New()
+	ms.SetClaimErr(errors.New("connection refused"))
+	s := &pingStore{Store: ms}
+	var published log
+	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
+	startRelay(t, s, pub, core.Options{
+		PollInterval: 10 * time.Millisecond,
+		ErrorBackoff: core.Backoff{Min: 20 * time.Second, Max: 30 * time.Second},
+	})
+	time.Sleep(600 * time.Millisecond) // a failed claim and a failed probe or two
+	ms.Add(core.Event{AggregateID: "a"})
+	up := time.Now()
+	ms.SetClaimErr(nil)
+	s.up.Store(true)
+	deadline := up.Add(2 * time.Second)
+	for len(ms.Pending()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("event still pending 2s after the database came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("publishing again %v after the database answered", time.Since(up).Round(time.Millisecond))
+}
