@@ -114,7 +114,11 @@ func (b *bench) notifySection(ctx context.Context, rep *report) error {
 	// baseline disables it. A producer's own NOTIFY inside its insert
 	// statement (as the writer did before migration 4) is the third way.
 	table := outboxTable(cfg)
-	trigger := ident(cfg.Table + "_notify")
+	full, err := cfg.WithDefaults()
+	if err != nil {
+		return err
+	}
+	trigger := ident(full.Table + "_notify")
 	inline := `WITH ins AS (INSERT INTO ` + table + ` (aggregate_id, type, payload) VALUES ($1, 'bench.event', '{"n":1}') RETURNING 1)
 SELECT pg_notify($2, '') FROM (SELECT count(*) FROM ins) AS n`
 	write := func(ctx context.Context, tx pgx.Tx, i int64) error {
