@@ -51,13 +51,18 @@ type Message struct {
 // WriterOptions configure a Writer. The zero value is valid.
 type WriterOptions struct {
 	Store store.Config // schema and table names; defaults as in store.Config
-	// MaxPayloadBytes rejects larger payloads; default 1 MiB. Brokers have
+	// MaxPayloadBytes rejects larger payloads; default
+	// DefaultMaxPayloadBytes. Brokers have
 	// their own limits (Kafka's default is 1 MB per message).
 	MaxPayloadBytes int
 	// Propagator, when set, stores the trace context of ctx (W3C
 	// traceparent with the usual propagator) in the event's headers.
 	Propagator propagation.TextMapPropagator
 }
+
+// DefaultMaxPayloadBytes is the Writer's payload limit when
+// WriterOptions.MaxPayloadBytes is unset.
+const DefaultMaxPayloadBytes = 1 << 20
 
 // Writer writes events. It is safe for concurrent use.
 type Writer struct {
@@ -76,7 +81,7 @@ func NewWriter(opts WriterOptions) (*Writer, error) {
 		return nil, fmt.Errorf("new writer: MaxPayloadBytes %d is negative", opts.MaxPayloadBytes)
 	}
 	if opts.MaxPayloadBytes == 0 {
-		opts.MaxPayloadBytes = 1 << 20
+		opts.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	ins, err := store.NewInsert(cfg)
 	if err != nil {

@@ -57,7 +57,11 @@ const (
 	MaxClaimers  = 64
 )
 
-func (o Options) withDefaults() (Options, error) {
+// WithDefaults returns o with every unset field at its default, or an
+// error naming the first field out of range. New calls it; a program
+// mapping its own configuration onto Options can call it to show the
+// effective values.
+func (o Options) WithDefaults() (Options, error) {
 	// A Backoff is either unset (the default) or has 0 < Min <= Max: with
 	// a zero Min every retry would come at once.
 	badBackoff := func(b Backoff) bool { return b != (Backoff{}) && (b.Min <= 0 || b.Max < b.Min) }
@@ -142,7 +146,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if pub == nil {
 		return nil, errors.New("new relay: publisher is nil")
 	}
-	o, err := opts.withDefaults()
+	o, err := opts.WithDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("new relay: %w", err)
 	}

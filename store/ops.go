@@ -239,7 +239,9 @@ type CleanupResult struct {
 	DryRun                        bool
 }
 
-func (o CleanupOptions) withDefaults() (CleanupOptions, error) {
+// WithDefaults returns o with unset fields at their defaults, or an error
+// naming the field out of range.
+func (o CleanupOptions) WithDefaults() (CleanupOptions, error) {
 	switch {
 	case o.Dispatched < 0:
 		return o, fmt.Errorf("cleanup options: Dispatched %v is negative", o.Dispatched)
@@ -270,7 +272,7 @@ func (o CleanupOptions) withDefaults() (CleanupOptions, error) {
 // returns ErrCleanupBusy when another holds it. Cancelling ctx stops it
 // between batches.
 func (s *Store) Cleanup(ctx context.Context, opts CleanupOptions) (CleanupResult, error) {
-	opts, err := opts.withDefaults()
+	opts, err := opts.WithDefaults()
 	if err != nil {
 		return CleanupResult{}, fmt.Errorf("clean up outbox: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
 
+	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
@@ -100,25 +101,35 @@ type StuckConfig struct {
 }
 
 // Defaults returns the configuration used when nothing overrides it.
+// The values come from the library packages that own them.
 func Defaults() Config {
+	relay, err := core.Options{}.WithDefaults()
+	if err != nil {
+		panic(err) // the zero Options is valid
+	}
+	cleanup, err := store.CleanupOptions{}.WithDefaults()
+	if err != nil {
+		panic(err)
+	}
 	return Config{
 		Broker: "stdout",
 		// Non-nil maps: the loader merges file and environment into them.
 		Brokers: map[string]any{},
 		Routing: brokers.Routing{Types: map[string]string{}, Prefixes: map[string]string{}},
 		Relay: RelayConfig{
-			BatchSize: 500, Lanes: 16, Claimers: 2, PollInterval: time.Second, PublishTimeout: 30 * time.Second,
-			ShutdownTimeout: 30 * time.Second, Wakeups: true,
-			RetryMin: 500 * time.Millisecond, RetryMax: time.Minute,
+			BatchSize: relay.BatchSize, Lanes: relay.Lanes, Claimers: relay.Claimers,
+			PollInterval: relay.PollInterval, PublishTimeout: relay.PublishTimeout,
+			ShutdownTimeout: relay.ShutdownTimeout, Wakeups: !relay.DisableWakeups,
+			RetryMin: relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
 		},
 		Database: DatabaseConfig{MaxConns: 8, IdleInTransactionTimeout: 2 * time.Minute},
-		Producer: ProducerConfig{MaxPayloadBytes: 1 << 20},
+		Producer: ProducerConfig{MaxPayloadBytes: outbox.DefaultMaxPayloadBytes},
 		Log:      LogConfig{Format: "text", Level: "info"},
 		Retention: RetentionConfig{
-			Enabled: true, Interval: 10 * time.Minute, Dispatched: 7 * 24 * time.Hour,
-			Processed: 14 * 24 * time.Hour, BatchSize: 5000,
+			Enabled: true, Interval: 10 * time.Minute, Dispatched: cleanup.Dispatched,
+			Processed: cleanup.Processed, BatchSize: cleanup.BatchSize,
 		},
-		Stuck: StuckConfig{After: 5 * time.Minute},
+		Stuck: StuckConfig{After: store.DefaultStuckAge},
 	}
 }
 
