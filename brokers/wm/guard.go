@@ -279,6 +279,15 @@ func (g *guard) teardown(l *link, graceful bool, deadline time.Time) error {
 		idle = wait(deadline)
 	}
 	if !idle {
+		// Close it once the calls return, so nothing the library started
+		// (Sarama's metadata updater, say) outlives the connection.
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			<-l.idle
+			_ = l.Publisher.Close()
+			l.abort()
+		}()
 		return errors.New("close publisher: calls still blocked after aborting the connection")
 	}
 	closed := make(chan error, 1)
