@@ -70,7 +70,7 @@ func TestProbeKeepsBackoffWhileServersAnswer(t *testing.T) {
 	cs := &countingStore{Store: s}
 	pub := &refusing{}
 	startRelay(t, cs, pub, core.Options{
-		PollInterval:  time.Millisecond,
+		PollInterval: time.Millisecond, Claimers: 1, // one loop's backoff is counted
 		ProbeInterval: time.Millisecond,
 		RetryBackoff:  core.Backoff{Min: time.Microsecond, Max: time.Microsecond},
 		ErrorBackoff:  core.Backoff{Min: 200 * time.Millisecond, Max: 400 * time.Millisecond},
