@@ -83,15 +83,20 @@ func outboxTable(cfg store.Config) string {
 // fill inserts n pending events into the outbox, in chunks so no single
 // transaction grows huge, spread over the configured aggregates.
 func (b *bench) fill(ctx context.Context, cfg store.Config, n int) error {
+	return b.fillSized(ctx, cfg, n, b.cfg.PayloadBytes)
+}
+
+// fillSized is fill with payloads of about size bytes.
+func (b *bench) fillSized(ctx context.Context, cfg store.Config, n, size int) error {
 	start := time.Now()
-	pad := strings.Repeat("x", max(0, b.cfg.PayloadBytes-40))
+	pad := strings.Repeat("x", max(0, size-40))
 	q := `INSERT INTO ` + outboxTable(cfg) + ` (uid, aggregate_id, type, payload)
 SELECT gen_random_uuid(),
        ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
        'bench.event',
        json_build_object('n', g, 'pad', $4::text)
 FROM generate_series($1::bigint, $2::bigint) AS g`
-	const chunk = 250_000
+	chunk := max(1, min(250_000, (256<<20)/max(size, 1))) // a statement of at most about 256 MB
 	for from := 1; from <= n; from += chunk {
 		to := min(n, from+chunk-1)
 		if _, err := b.pool.Exec(ctx, q, from, to, b.cfg.Aggregates, pad); err != nil {

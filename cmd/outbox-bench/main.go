@@ -30,6 +30,7 @@ type config struct {
 	Backlog      int           // drain backlog
 	SmallBacklog int           // scale: the small backlog
 	BigBacklog   int           // scale: the large backlog
+	LargeRows    int           // scale: a backlog of 3 MiB payloads
 	ReplicaLoad  int           // scale: backlog shared by replicas
 	Aggregates   int           // distinct aggregate ids in generated backlogs
 	PayloadBytes int           // size of each generated payload
@@ -52,13 +53,14 @@ type config struct {
 
 func defaults(quick bool) config {
 	c := config{
-		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000,
+		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000, LargeRows: 300,
 		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16, Claimers: 2,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
 	}
 	if quick {
 		c.Backlog, c.SmallBacklog, c.BigBacklog, c.ReplicaLoad = 20_000, 5_000, 200_000, 20_000
+		c.LargeRows = 60
 		c.Aggregates = 1000
 		c.DrainCap, c.BigDrainCap, c.Repeat = 15*time.Second, 10*time.Second, 1
 		c.LatencyRun, c.ProducerRun, c.BrokerEvents = 2*time.Second, 2*time.Second, 5_000
@@ -83,6 +85,7 @@ func main() {
 	fs.IntVar(&c.Backlog, "backlog", c.Backlog, "events in the drain backlog")
 	fs.IntVar(&c.SmallBacklog, "small-backlog", c.SmallBacklog, "scale: small backlog")
 	fs.IntVar(&c.BigBacklog, "big-backlog", c.BigBacklog, "scale: large backlog")
+	fs.IntVar(&c.LargeRows, "large-rows", c.LargeRows, "scale: rows of 3 MiB payloads in the large-payload backlog")
 	fs.IntVar(&c.ReplicaLoad, "replica-backlog", c.ReplicaLoad, "scale: backlog drained by 1, 2 and 4 replicas")
 	fs.IntVar(&c.Aggregates, "aggregates", c.Aggregates, "distinct aggregate ids in generated backlogs")
 	fs.IntVar(&c.PayloadBytes, "payload", c.PayloadBytes, "bytes per generated payload")

@@ -40,13 +40,14 @@ type brokerRow struct {
 }
 
 type backlogRow struct {
-	Backlog     int
-	Drained     rate
-	ClaimP50    time.Duration
-	ClaimP99    time.Duration
-	ExplainMs   float64 // EXPLAIN ANALYZE of the store's ordered claim, before the drain
-	PeakHeapMiB float64
-	PeakRSSMiB  float64
+	Backlog      int
+	PayloadBytes int
+	Drained      rate
+	ClaimP50     time.Duration
+	ClaimP99     time.Duration
+	ExplainMs    float64 // EXPLAIN ANALYZE of the store's ordered claim, before the drain
+	PeakHeapMiB  float64
+	PeakRSSMiB   float64
 }
 
 type goal struct {
@@ -238,10 +239,10 @@ func (r *report) tables() []table {
 		ts = append(ts, t)
 	}
 	if len(r.Backlogs) > 0 {
-		t := table{Title: "Backlog size: one relay process (ordered) draining a small and a large backlog",
-			Head: []string{"backlog", "events/s", "drained", "claim p50", "claim p99", "claim EXPLAIN ANALYZE", "peak Go heap", "peak RSS"}}
+		t := table{Title: "Backlog size: one relay process (ordered) draining a small and a large backlog, and one of large payloads",
+			Head: []string{"backlog", "payload", "events/s", "drained", "claim p50", "claim p99", "claim EXPLAIN ANALYZE", "peak Go heap", "peak RSS"}}
 		for _, x := range r.Backlogs {
-			t.Rows = append(t.Rows, []string{count(x.Backlog), perSec(x.Drained.PerSec()), fmt.Sprint(x.Drained.Events),
+			t.Rows = append(t.Rows, []string{count(x.Backlog), bytesText(x.PayloadBytes), perSec(x.Drained.PerSec()), fmt.Sprint(x.Drained.Events),
 				fmtDur(x.ClaimP50), fmtDur(x.ClaimP99), fmt.Sprintf("%.1f ms", x.ExplainMs),
 				fmt.Sprintf("%.0f MiB", x.PeakHeapMiB), fmt.Sprintf("%.0f MiB", x.PeakRSSMiB)})
 		}
@@ -402,4 +403,14 @@ func (r *report) chart() string {
 		height-10, html.EscapeString(r.Env.When.Format("2006-01-02")), html.EscapeString(r.Env.PostgreSQL), r.Env.CPUs)
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+func bytesText(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.0f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

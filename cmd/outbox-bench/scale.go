@@ -37,10 +37,15 @@ func (b *bench) scaleSection(ctx context.Context, rep *report) error {
 			return err
 		}
 	}
-	for _, n := range []int{b.cfg.SmallBacklog, b.cfg.BigBacklog} {
-		row, err := b.backlogRun(ctx, n)
+	// The last run holds large payloads, near the relay's default
+	// store.max_event_bytes: memory must follow the claim's byte bound,
+	// not the backlog.
+	for _, r := range []struct{ n, payload int }{
+		{b.cfg.SmallBacklog, b.cfg.PayloadBytes}, {b.cfg.BigBacklog, b.cfg.PayloadBytes}, {b.cfg.LargeRows, 3 << 20},
+	} {
+		row, err := b.backlogRun(ctx, r.n, r.payload)
 		if err != nil {
-			return fmt.Errorf("backlog of %d: %w", n, err)
+			return fmt.Errorf("backlog of %d: %w", r.n, err)
 		}
 		rep.Backlogs = append(rep.Backlogs, row)
 	}
@@ -49,13 +54,13 @@ func (b *bench) scaleSection(ctx context.Context, rep *report) error {
 
 // backlogRun explains the store's claim over a backlog of n, then drains it
 // with a relay in a process of its own so its memory is the relay's alone.
-func (b *bench) backlogRun(ctx context.Context, n int) (backlogRow, error) {
+func (b *bench) backlogRun(ctx context.Context, n, payload int) (backlogRow, error) {
 	cfg, drop, err := b.schema(ctx, "backlog")
 	if err != nil {
 		return backlogRow{}, err
 	}
 	defer drop()
-	if err := b.fill(ctx, cfg, n); err != nil {
+	if err := b.fillSized(ctx, cfg, n, payload); err != nil {
 		return backlogRow{}, err
 	}
 	b.settle(ctx)
@@ -83,7 +88,7 @@ func (b *bench) backlogRun(ctx context.Context, n int) (backlogRow, error) {
 	if err := json.Unmarshal(bytes.TrimSpace(out), &cr); err != nil {
 		return backlogRow{}, fmt.Errorf("read relay process result %q: %w", out, err)
 	}
-	row := backlogRow{Backlog: n, ExplainMs: ms,
+	row := backlogRow{Backlog: n, PayloadBytes: payload, ExplainMs: ms,
 		Drained:  rate{Name: count(n), Events: cr.Events, Elapsed: time.Duration(cr.ElapsedNs)},
 		ClaimP50: time.Duration(cr.ClaimP50Ns), ClaimP99: time.Duration(cr.ClaimP99Ns),
 		PeakHeapMiB: float64(cr.PeakHeapBytes) / (1 << 20), PeakRSSMiB: float64(cr.PeakRSSKiB) / 1024}
