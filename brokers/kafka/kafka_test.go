@@ -3,9 +3,11 @@ package kafka_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,14 +23,30 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// Sarama's metrics registry starts a ticker goroutine per meter it
-		// never stops (rcrowley/go-metrics).
-		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
-		// A producer whose broker failed opens a circuit breaker whose
-		// timer sleeps out 10s after the producer is closed.
-		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"),
-	)
+	code := m.Run()
+	// Links torn down as a test ends close aside, each bounded by the
+	// publisher's close timeout; on a loaded machine that outlasts goleak's
+	// own short retries, so wait that long before calling a goroutine leaked.
+	deadline := time.Now().Add(10 * time.Second)
+	for code == 0 {
+		err := goleak.Find(
+			// Sarama's metrics registry starts a ticker goroutine per meter it
+			// never stops (rcrowley/go-metrics).
+			goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+			// A producer whose broker failed opens a circuit breaker whose
+			// timer sleeps out 10s after the producer is closed.
+			goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"),
+		)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	os.Exit(code)
 }
 
 // cluster starts an in-process Kafka on loopback, closed when the test ends.
