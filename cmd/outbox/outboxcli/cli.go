@@ -8,6 +8,7 @@ package outboxcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,7 +25,8 @@ import (
 )
 
 // Main runs the command line with args (without the program name) and
-// returns the exit code. SIGINT and SIGTERM stop it gracefully.
+// returns the exit code (see ExitCode). SIGINT and SIGTERM stop it
+// gracefully.
 func Main(ctx context.Context, args []string) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -33,10 +35,12 @@ func Main(ctx context.Context, args []string) int {
 	if err := root.ExecuteContext(ctx); err != nil {
 		// Errors of the commands are masked already; those of cobra's
 		// argument parsing are not.
-		fmt.Fprintln(os.Stderr, "outbox:", m.mask(err.Error()))
-		return 1
+		if !errors.Is(err, errNoMatch) {
+			fmt.Fprintln(os.Stderr, "outbox:", m.mask(err.Error()))
+		}
+		return ExitCode(err)
 	}
-	return 0
+	return ExitOK
 }
 
 // NewRoot returns the root command writing to out and errOut. Whatever
@@ -52,17 +56,20 @@ func newRoot(out, errOut io.Writer) (*cobra.Command, *masker) {
 	root := &cobra.Command{
 		Use:           "outbox",
 		Short:         "Transactional outbox relay for PostgreSQL",
+		Long: "outbox relays events committed to a PostgreSQL outbox table to a broker, and runs the\n" +
+			"operator commands around it.\n\n" + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetOut(m.writer(out))
 	root.SetErr(m.writer(errOut))
-	AddFlags(root.PersistentFlags())
+	AddGlobalFlags(root.PersistentFlags())
 	root.AddCommand(migrateCmd(), relayCmd(), demoCmd())
 	for _, c := range extraCommands {
 		root.AddCommand(c())
 	}
 	maskCommands(root, m)
+	classifyCommands(root)
 	return root, m
 }
 
@@ -86,11 +93,11 @@ func setup(cmd *cobra.Command) (*env, error) {
 	m.add(environSecrets(environ)...)
 	cfg, loader, err := Load(cmd.Flags(), environ)
 	if err != nil {
-		return nil, err
+		return nil, usageError(err)
 	}
 	m.add(secretsOf(loader.k)...)
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+		return nil, usagef("invalid configuration:\n%w", err)
 	}
 	return &env{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout(), mask: m}, nil
 }
@@ -111,7 +118,7 @@ func newLogger(w io.Writer, c LogConfig) *slog.Logger {
 func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("database_url: %w", err)
+		return nil, usagef("database_url: %w", err)
 	}
 	e.mask.add(pc.ConnConfig.Password)
 	pc.MaxConns = e.cfg.Database.MaxConns
@@ -131,7 +138,7 @@ func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err)
+		return nil, unavailable(fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err))
 	}
 	return pool, nil
 }
