@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -54,8 +55,8 @@ func newRoot(out, errOut io.Writer) (*cobra.Command, *masker) {
 	m := &masker{}
 	m.add(environSecrets(os.Environ())...)
 	root := &cobra.Command{
-		Use:           "outbox",
-		Short:         "Transactional outbox relay for PostgreSQL",
+		Use:   "outbox",
+		Short: "Transactional outbox relay for PostgreSQL",
 		Long: "outbox relays events committed to a PostgreSQL outbox table to a broker, and runs the\n" +
 			"operator commands around it.\n\n" + exitCodesHelp,
 		SilenceUsage:  true,
@@ -163,11 +164,33 @@ func (e *env) openStore(ctx context.Context, appName string) (*store.Store, erro
 }
 
 func migrateCmd() *cobra.Command {
-	return &cobra.Command{
+	var printSQL, all bool
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox tables",
-		Args:  cobra.NoArgs,
+		Long: "migrate applies the migrations the schema does not have yet, in one transaction.\n\n" +
+			"With --print it changes nothing and prints them instead, as SQL for a DBA to apply with a tool\n" +
+			"of their own, with the configured schema and table names filled in: the statements that create\n" +
+			"the schema and the migrations table if missing, then each migration followed by the INSERT that\n" +
+			"records its version, so that outbox sees the schema as migrated afterwards. --print reads the\n" +
+			"database's version to leave out what is applied; --print --all prints every migration and needs\n" +
+			"no database.",
+		Example: "  outbox migrate\n" +
+			"  outbox migrate --print > outbox.sql\n" +
+			"  outbox migrate --print --all --schema billing",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all && !printSQL {
+				return usagef("--all goes with --print")
+			}
+			if printSQL && all {
+				cfg, l, err := Load(cmd.Flags(), os.Environ())
+				if err != nil {
+					return usageError(err)
+				}
+				commandMasker(cmd).add(secretsOf(l.k)...)
+				return printMigrations(cmd.OutOrStdout(), cfg.StoreConfig(), 0)
+			}
 			e, err := setup(cmd)
 			if err != nil {
 				return err
@@ -177,6 +200,13 @@ func migrateCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			if printSQL {
+				have, err := store.SchemaVersion(cmd.Context(), pool, e.cfg.StoreConfig())
+				if err != nil {
+					return err
+				}
+				return printMigrations(e.out, e.cfg.StoreConfig(), have)
+			}
 			applied, err := store.Migrate(cmd.Context(), pool, e.cfg.StoreConfig())
 			if err != nil {
 				return err
@@ -190,4 +220,54 @@ func migrateCmd() *cobra.Command {
 			return nil
 		},
 	}
+	f := cmd.Flags()
+	f.BoolVar(&printSQL, "print", false, "print the SQL of the migrations not yet applied instead of applying them")
+	f.BoolVar(&all, "all", false, "with --print: every migration, without connecting to the database")
+	return cmd
+}
+
+// printMigrations writes, as one script, the migrations after version
+// have with the statements that record them, in a transaction like
+// Migrate's.
+func printMigrations(w io.Writer, cfg store.Config, have int) error {
+	sc, err := cfg.WithDefaults()
+	if err != nil {
+		return usageError(err)
+	}
+	migs, err := store.Migrations(sc)
+	if err != nil {
+		return err
+	}
+	setup, err := store.MigrationSetupSQL(sc)
+	if err != nil {
+		return err
+	}
+	var pending []store.Migration
+	for _, m := range migs {
+		if m.Version > have {
+			pending = append(pending, m)
+		}
+	}
+	if len(pending) == 0 {
+		_, err := fmt.Fprintf(w, "-- schema %s.%s is up to date at version %d: nothing to apply\n", sc.Schema, sc.Table, have)
+		return err
+	}
+	fmt.Fprintf(w, "-- outbox migrations %d to %d for %s.%s\n", pending[0].Version, pending[len(pending)-1].Version, sc.Schema, sc.Table)
+	fmt.Fprintln(w, "BEGIN;")
+	for _, s := range setup {
+		fmt.Fprintf(w, "%s;\n", s)
+	}
+	for _, m := range pending {
+		rec, err := store.MigrationRecordSQL(sc, m)
+		if err != nil {
+			return err
+		}
+		body := strings.TrimRight(m.SQL, "\n \t\r")
+		if !strings.HasSuffix(body, ";") {
+			body += "\n;" // on a line of its own, past a trailing comment
+		}
+		fmt.Fprintf(w, "\n-- %04d_%s\n%s\n%s;\n", m.Version, m.Name, body, rec)
+	}
+	_, err = fmt.Fprintln(w, "\nCOMMIT;")
+	return err
 }
