@@ -69,6 +69,13 @@ func newRoot(out, errOut io.Writer) (*cobra.Command, *masker) {
 	for _, c := range extraCommands {
 		root.AddCommand(c())
 	}
+	for _, c := range root.Commands() {
+		long := c.Long
+		if long == "" {
+			long = c.Short
+		}
+		c.Long = long + "\n\n" + exitCodesHelp
+	}
 	maskCommands(root, m)
 	classifyCommands(root)
 	return root, m

@@ -31,6 +31,9 @@ func TestCommandsShowOnlyTheirFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if !strings.Contains(out, "Exit codes:") || !strings.Contains(out, "4  nothing matched") {
+				t.Errorf("%s --help does not list the exit codes\n%s", name, out)
+			}
 			for _, f := range relayOnlyFlags {
 				if has := listsFlag(out, f); has != (name == "relay") {
 					t.Errorf("%s --help lists %s: %v\n%s", name, f, has, out)
