@@ -143,7 +143,11 @@ func MigrationSetupSQL(cfg Config) ([]string, error) {
 		return nil, err
 	}
 	n := cfg.names()
-	return []string{createSchemaSQL(n), createMigrationsTableSQL(n)}, nil
+	// As in Migrate, the schema is created only when missing: CREATE SCHEMA
+	// IF NOT EXISTS needs CREATE on the database even when it exists.
+	schema := "DO $outbox$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '" +
+		strings.ReplaceAll(cfg.Schema, "'", "''") + "') THEN " + createSchemaSQL(n) + "; END IF; END $outbox$"
+	return []string{schema, createMigrationsTableSQL(n)}, nil
 }
 
 // MigrationRecordSQL returns the statement that records m as applied, the

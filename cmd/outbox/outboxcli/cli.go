@@ -233,6 +233,16 @@ func migrateCmd() *cobra.Command {
 	return cmd
 }
 
+// commentName is schema.table for an SQL comment, quoted when a name holds
+// anything that could end the comment.
+func commentName(sc store.Config) string {
+	name := sc.Schema + "." + sc.Table
+	if strings.ContainsFunc(name, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return strconv.Quote(name)
+	}
+	return name
+}
+
 // printMigrations writes, as one script, the migrations after version
 // have with the statements that record them, in a transaction like
 // Migrate's.
@@ -256,10 +266,10 @@ func printMigrations(w io.Writer, cfg store.Config, have int) error {
 		}
 	}
 	if len(pending) == 0 {
-		_, err := fmt.Fprintf(w, "-- schema %s.%s is up to date at version %d: nothing to apply\n", sc.Schema, sc.Table, have)
+		_, err := fmt.Fprintf(w, "-- schema %s is up to date at version %d: nothing to apply\n", commentName(sc), have)
 		return err
 	}
-	fmt.Fprintf(w, "-- outbox migrations %d to %d for %s.%s\n", pending[0].Version, pending[len(pending)-1].Version, sc.Schema, sc.Table)
+	fmt.Fprintf(w, "-- outbox migrations %d to %d for %s\n", pending[0].Version, pending[len(pending)-1].Version, commentName(sc))
 	fmt.Fprintln(w, "BEGIN;")
 	for _, s := range setup {
 		fmt.Fprintf(w, "%s;\n", s)

@@ -141,6 +141,12 @@ func TestMigratePrint(t *testing.T) {
 	if !strings.Contains(out, `CREATE TABLE "dba_x"."evts"`) || strings.Contains(out, "{{") {
 		t.Errorf("names not filled in:\n%s", out)
 	}
+	// A name that could end a comment line is quoted in the script's comments.
+	out, _, err = runCLI(ctx, "migrate", "--print", "--all", "--schema", "a\nb")
+	if err != nil || !strings.HasPrefix(out, "-- outbox migrations 1 to ") || !strings.Contains(out, "\nBEGIN;\n") ||
+		strings.Split(out, "\n")[1] != "BEGIN;" {
+		t.Errorf("schema name with a newline:\n%.300s\n%v", out, err)
+	}
 	if _, _, err := runCLI(ctx, "migrate", "--all"); ExitCode(err) != ExitUsage {
 		t.Errorf("--all without --print: %v", err)
 	}
