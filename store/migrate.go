@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -88,13 +90,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]int, error)
 			return fmt.Errorf("look up schema: %w", err)
 		}
 		if !haveSchema {
-			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+n.Schema); err != nil {
+			if _, err := tx.Exec(ctx, createSchemaSQL(n)); err != nil {
 				return fmt.Errorf("create schema: %w", err)
 			}
 		}
-		setup := "CREATE TABLE IF NOT EXISTS " + n.Migrations +
-			" (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-		if _, err := tx.Exec(ctx, setup); err != nil {
+		if _, err := tx.Exec(ctx, createMigrationsTableSQL(n)); err != nil {
 			return fmt.Errorf("create migrations table: %w", err)
 		}
 		var current int
@@ -108,7 +108,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]int, error)
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+n.Migrations+" (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			if _, err := tx.Exec(ctx, recordSQL(n, m)); err != nil {
 				return fmt.Errorf("record migration %04d: %w", m.Version, err)
 			}
 			applied = append(applied, m.Version)
@@ -119,4 +119,62 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]int, error)
 		return nil, fmt.Errorf("migrate %s.%s: %w", cfg.Schema, cfg.Table, err)
 	}
 	return applied, nil
+}
+
+func createSchemaSQL(n names) string { return "CREATE SCHEMA IF NOT EXISTS " + n.Schema }
+
+func createMigrationsTableSQL(n names) string {
+	return "CREATE TABLE IF NOT EXISTS " + n.Migrations +
+		" (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+}
+
+func recordSQL(n names, m Migration) string {
+	return fmt.Sprintf("INSERT INTO %s (version, name) VALUES (%d, '%s')", n.Migrations, m.Version, strings.ReplaceAll(m.Name, "'", "''"))
+}
+
+// MigrationSetupSQL returns the statements Migrate runs before the
+// migrations: the schema and the table that records the applied versions,
+// both created only if missing. With MigrationRecordSQL it lets a DBA
+// apply the migrations with a tool of their own and leave the schema as
+// Migrate would.
+func MigrationSetupSQL(cfg Config) ([]string, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	n := cfg.names()
+	// As in Migrate, the schema is created only when missing: CREATE SCHEMA
+	// IF NOT EXISTS needs CREATE on the database even when it exists.
+	schema := "DO $outbox$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '" +
+		strings.ReplaceAll(cfg.Schema, "'", "''") + "') THEN " + createSchemaSQL(n) + "; END IF; END $outbox$"
+	return []string{schema, createMigrationsTableSQL(n)}, nil
+}
+
+// MigrationRecordSQL returns the statement that records m as applied, the
+// one Migrate runs after m's SQL in the same transaction.
+func MigrationRecordSQL(cfg Config, m Migration) (string, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return "", err
+	}
+	return recordSQL(cfg.names(), m), nil
+}
+
+// SchemaVersion returns the highest applied migration version, 0 when the
+// migrations table does not exist yet.
+func SchemaVersion(ctx context.Context, pool *pgxpool.Pool, cfg Config) (int, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return 0, err
+	}
+	var have int
+	err = pool.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+cfg.names().Migrations).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read schema version of %s.%s: %w", cfg.Schema, cfg.Table, err)
+	}
+	return have, nil
 }

@@ -124,3 +124,11 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 	}
 	return strings.Join(conds, " AND "), args, nil
 }
+
+// Validate reports what is wrong with sel (empty, a bad id or range, an
+// aggregate id that is not a UUID) without touching the database: the
+// check Retry, Park, Unpark and Replay make first.
+func (sel Selector) Validate() error {
+	_, _, err := sel.where("", 1)
+	return err
+}

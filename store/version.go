@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,14 +25,12 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 		return err
 	}
 	want := migs[len(migs)-1].Version
-	var have int
-	err = pool.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+cfg.names().Migrations).Scan(&have)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, ErrNotMigrated)
-	}
+	have, err := SchemaVersion(ctx, pool, cfg)
 	if err != nil {
 		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, err)
+	}
+	if have == 0 {
+		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, ErrNotMigrated)
 	}
 	if have < want {
 		return fmt.Errorf("check schema %s.%s: at version %d, this build needs %d: %w", cfg.Schema, cfg.Table, have, want, ErrNotMigrated)

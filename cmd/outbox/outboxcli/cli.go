@@ -8,12 +8,14 @@ package outboxcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,7 +26,8 @@ import (
 )
 
 // Main runs the command line with args (without the program name) and
-// returns the exit code. SIGINT and SIGTERM stop it gracefully.
+// returns the exit code (see ExitCode). SIGINT and SIGTERM stop it
+// gracefully.
 func Main(ctx context.Context, args []string) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -33,10 +36,12 @@ func Main(ctx context.Context, args []string) int {
 	if err := root.ExecuteContext(ctx); err != nil {
 		// Errors of the commands are masked already; those of cobra's
 		// argument parsing are not.
-		fmt.Fprintln(os.Stderr, "outbox:", m.mask(err.Error()))
-		return 1
+		if !errors.Is(err, errNoMatch) {
+			fmt.Fprintln(os.Stderr, "outbox:", m.mask(err.Error()))
+		}
+		return ExitCode(err)
 	}
-	return 0
+	return ExitOK
 }
 
 // NewRoot returns the root command writing to out and errOut. Whatever
@@ -50,19 +55,29 @@ func newRoot(out, errOut io.Writer) (*cobra.Command, *masker) {
 	m := &masker{}
 	m.add(environSecrets(os.Environ())...)
 	root := &cobra.Command{
-		Use:           "outbox",
-		Short:         "Transactional outbox relay for PostgreSQL",
+		Use:   "outbox",
+		Short: "Transactional outbox relay for PostgreSQL",
+		Long: "outbox relays events committed to a PostgreSQL outbox table to a broker, and runs the\n" +
+			"operator commands around it.\n\n" + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetOut(m.writer(out))
 	root.SetErr(m.writer(errOut))
-	AddFlags(root.PersistentFlags())
+	AddGlobalFlags(root.PersistentFlags())
 	root.AddCommand(migrateCmd(), relayCmd(), demoCmd())
 	for _, c := range extraCommands {
 		root.AddCommand(c())
 	}
+	for _, c := range root.Commands() {
+		long := c.Long
+		if long == "" {
+			long = c.Short
+		}
+		c.Long = long + "\n\n" + exitCodesHelp
+	}
 	maskCommands(root, m)
+	classifyCommands(root)
 	return root, m
 }
 
@@ -86,11 +101,11 @@ func setup(cmd *cobra.Command) (*env, error) {
 	m.add(environSecrets(environ)...)
 	cfg, loader, err := Load(cmd.Flags(), environ)
 	if err != nil {
-		return nil, err
+		return nil, usageError(err)
 	}
 	m.add(secretsOf(loader.k)...)
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+		return nil, usagef("invalid configuration:\n%w", err)
 	}
 	return &env{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout(), mask: m}, nil
 }
@@ -111,7 +126,7 @@ func newLogger(w io.Writer, c LogConfig) *slog.Logger {
 func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("database_url: %w", err)
+		return nil, usagef("database_url: %w", err)
 	}
 	e.mask.add(pc.ConnConfig.Password)
 	pc.MaxConns = e.cfg.Database.MaxConns
@@ -131,7 +146,7 @@ func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err)
+		return nil, unavailable(fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err))
 	}
 	return pool, nil
 }
@@ -156,11 +171,33 @@ func (e *env) openStore(ctx context.Context, appName string) (*store.Store, erro
 }
 
 func migrateCmd() *cobra.Command {
-	return &cobra.Command{
+	var printSQL, all bool
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox tables",
-		Args:  cobra.NoArgs,
+		Long: "migrate applies the migrations the schema does not have yet, in one transaction.\n\n" +
+			"With --print it changes nothing and prints them instead, as SQL for a DBA to apply with a tool\n" +
+			"of their own, with the configured schema and table names filled in: the statements that create\n" +
+			"the schema and the migrations table if missing, then each migration followed by the INSERT that\n" +
+			"records its version, so that outbox sees the schema as migrated afterwards. --print reads the\n" +
+			"database's version to leave out what is applied; --print --all prints every migration and needs\n" +
+			"no database.",
+		Example: "  outbox migrate\n" +
+			"  outbox migrate --print > outbox.sql\n" +
+			"  outbox migrate --print --all --schema billing",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all && !printSQL {
+				return usagef("--all goes with --print")
+			}
+			if printSQL && all {
+				cfg, l, err := Load(cmd.Flags(), os.Environ())
+				if err != nil {
+					return usageError(err)
+				}
+				commandMasker(cmd).add(secretsOf(l.k)...)
+				return printMigrations(cmd.OutOrStdout(), cfg.StoreConfig(), 0)
+			}
 			e, err := setup(cmd)
 			if err != nil {
 				return err
@@ -170,6 +207,13 @@ func migrateCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			if printSQL {
+				have, err := store.SchemaVersion(cmd.Context(), pool, e.cfg.StoreConfig())
+				if err != nil {
+					return err
+				}
+				return printMigrations(e.out, e.cfg.StoreConfig(), have)
+			}
 			applied, err := store.Migrate(cmd.Context(), pool, e.cfg.StoreConfig())
 			if err != nil {
 				return err
@@ -183,4 +227,64 @@ func migrateCmd() *cobra.Command {
 			return nil
 		},
 	}
+	f := cmd.Flags()
+	f.BoolVar(&printSQL, "print", false, "print the SQL of the migrations not yet applied instead of applying them")
+	f.BoolVar(&all, "all", false, "with --print: every migration, without connecting to the database")
+	return cmd
+}
+
+// commentName is schema.table for an SQL comment, quoted when a name holds
+// anything that could end the comment.
+func commentName(sc store.Config) string {
+	name := sc.Schema + "." + sc.Table
+	if strings.ContainsFunc(name, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return strconv.Quote(name)
+	}
+	return name
+}
+
+// printMigrations writes, as one script, the migrations after version
+// have with the statements that record them, in a transaction like
+// Migrate's.
+func printMigrations(w io.Writer, cfg store.Config, have int) error {
+	sc, err := cfg.WithDefaults()
+	if err != nil {
+		return usageError(err)
+	}
+	migs, err := store.Migrations(sc)
+	if err != nil {
+		return err
+	}
+	setup, err := store.MigrationSetupSQL(sc)
+	if err != nil {
+		return err
+	}
+	var pending []store.Migration
+	for _, m := range migs {
+		if m.Version > have {
+			pending = append(pending, m)
+		}
+	}
+	if len(pending) == 0 {
+		_, err := fmt.Fprintf(w, "-- schema %s is up to date at version %d: nothing to apply\n", commentName(sc), have)
+		return err
+	}
+	fmt.Fprintf(w, "-- outbox migrations %d to %d for %s\n", pending[0].Version, pending[len(pending)-1].Version, commentName(sc))
+	fmt.Fprintln(w, "BEGIN;")
+	for _, s := range setup {
+		fmt.Fprintf(w, "%s;\n", s)
+	}
+	for _, m := range pending {
+		rec, err := store.MigrationRecordSQL(sc, m)
+		if err != nil {
+			return err
+		}
+		body := strings.TrimRight(m.SQL, "\n \t\r")
+		if !strings.HasSuffix(body, ";") {
+			body += "\n;" // on a line of its own, past a trailing comment
+		}
+		fmt.Fprintf(w, "\n-- %04d_%s\n%s\n%s;\n", m.Version, m.Name, body, rec)
+	}
+	_, err = fmt.Fprintln(w, "\nCOMMIT;")
+	return err
 }

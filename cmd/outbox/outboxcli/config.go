@@ -266,24 +266,38 @@ var flagKeys = map[string]string{
 	"log-level":    "log.level",
 }
 
-// AddFlags declares the configuration flags on fs.
+// AddFlags declares every configuration flag on fs: the global ones and
+// the relay's.
 func AddFlags(fs *pflag.FlagSet) {
+	AddGlobalFlags(fs)
+	AddRelayFlags(fs)
+}
+
+// AddGlobalFlags declares the flags every command takes: the configuration
+// file, the database, the names of the outbox tables and the log.
+func AddGlobalFlags(fs *pflag.FlagSet) {
 	fs.String("config", "", "YAML configuration file")
 	fs.String("database-url", "", "PostgreSQL URL (env DATABASE_URL)")
-	fs.String("broker", "", "broker name: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
 	fs.String("schema", "", "schema of the outbox tables (default public)")
 	fs.String("table", "", "outbox table (default events_outbox)")
+	fs.String("log-format", "", "text or json")
+	fs.String("log-level", "", "debug, info, warn or error")
+}
+
+// AddRelayFlags declares the flags only `outbox relay` takes. Load reads
+// whichever of the flags of flagKeys the flag set it is given has.
+func AddRelayFlags(fs *pflag.FlagSet) {
+	fs.String("broker", "", "broker name: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
 	fs.Int("batch-size", 0, "events per claim (default 500)")
 	fs.Int("lanes", 0, "concurrent publishes per batch (default 16)")
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")
 	fs.Bool("no-wakeups", false, "poll only, no LISTEN/NOTIFY (for PgBouncer transaction pooling)")
 	fs.String("http-listen", "", "address for /metrics, /healthz and /readyz, such as :9090")
-	fs.String("log-format", "", "text or json")
-	fs.String("log-level", "", "debug, info, warn or error")
 }
 
 // Load builds the configuration from defaults, the file named by --config,
-// the environment (environ, as from os.Environ) and the flags set in fs. A
+// the environment (environ, as from os.Environ) and the flags set in fs,
+// which may hold any subset of the flags of AddFlags (a command's own). A
 // key the configuration does not have, in the file or as an OUTBOX_
 // variable, is an error naming it. Errors are masked (see Redact) with
 // the secrets of every source.
@@ -365,7 +379,7 @@ func (l *Loader) Section(name string) brokers.Decoder {
 	return brokers.DecoderFunc(func(v any) error {
 		dc := decoderConfig()
 		if err := l.k.UnmarshalWithConf("brokers."+name, v, koanf.UnmarshalConf{DecoderConfig: dc}); err != nil {
-			return fmt.Errorf("brokers.%s: %w", name, err)
+			return usagef("brokers.%s: %w", name, err)
 		}
 		return nil
 	})

@@ -43,7 +43,7 @@ func demoCmd() *cobra.Command {
 				return err
 			}
 			if orders < 1 || orders > 100000 {
-				return fmt.Errorf("--orders: %d is not between 1 and 100000", orders)
+				return usagef("--orders: %d is not between 1 and 100000", orders)
 			}
 			return e.runDemo(cmd.Context(), orders)
 		},

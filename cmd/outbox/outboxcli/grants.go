@@ -29,12 +29,12 @@ func grantsCmd() *cobra.Command {
 				// Printing needs only the table names, not a database.
 				cfg, l, err := Load(cmd.Flags(), os.Environ())
 				if err != nil {
-					return err
+					return usageError(err)
 				}
 				commandMasker(cmd).add(secretsOf(l.k)...)
 				stmts, err := store.Grants(cfg.StoreConfig(), roles)
 				if err != nil {
-					return err
+					return usageError(err)
 				}
 				for _, s := range stmts {
 					fmt.Fprintln(cmd.OutOrStdout(), s+";")

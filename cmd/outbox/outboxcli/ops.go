@@ -162,7 +162,7 @@ func parseWhen(flag, v string) (time.Time, error) {
 	if d, err := time.ParseDuration(v); err == nil && d > 0 {
 		return time.Now().Add(-d), nil
 	}
-	return time.Time{}, fmt.Errorf("--%s: %q is neither an RFC 3339 time nor a duration ago such as 36h", flag, v)
+	return time.Time{}, usagef("--%s: %q is neither an RFC 3339 time nor a duration ago such as 36h", flag, v)
 }
 
 type replayJSON struct {
@@ -191,10 +191,13 @@ func replayCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := parseTimes(); err != nil {
-				return err
+				return usageError(err)
+			}
+			if err := sel.Validate(); err != nil {
+				return usageError(err)
 			}
 			if batch < 1 || batch > 100000 {
-				return fmt.Errorf("--batch: %d is not between 1 and 100000", batch)
+				return usagef("--batch: %d is not between 1 and 100000", batch)
 			}
 			return withStore(cmd, "outbox-replay", func(ctx context.Context, e *env, st *store.Store) error {
 				progress := func(n int64) {
@@ -208,14 +211,17 @@ func replayCmd() *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(e.out, replayJSON{Selector: sel.String(), Replayed: n, DryRun: dryRun})
+					if err := writeJSON(e.out, replayJSON{Selector: sel.String(), Replayed: n, DryRun: dryRun}); err != nil {
+						return err
+					}
+					return noMatch(n)
 				}
 				verb := "replayed"
 				if dryRun {
 					verb = "would replay"
 				}
 				fmt.Fprintf(e.out, "%s %d events (%s)\n", verb, n, sel)
-				return nil
+				return noMatch(n)
 			})
 		},
 	}
@@ -268,11 +274,11 @@ func cleanupCmd() *cobra.Command {
 				}
 				switch {
 				case dispatched <= 0:
-					return errors.New("--dispatched: must be a positive duration such as 168h")
+					return usagef("--dispatched: must be a positive duration such as 168h")
 				case processed <= 0:
-					return errors.New("--processed: must be a positive duration such as 336h")
+					return usagef("--processed: must be a positive duration such as 336h")
 				case batch < 1 || batch > 100000:
-					return fmt.Errorf("--batch: %d is not between 1 and 100000", batch)
+					return usagef("--batch: %d is not between 1 and 100000", batch)
 				}
 				opts := store.CleanupOptions{Dispatched: dispatched, Processed: processed, BatchSize: batch, DryRun: dryRun,
 					Progress: func(p store.CleanupProgress) {

@@ -51,7 +51,10 @@ func stuckCmd() *cobra.Command {
 					olderThan = e.cfg.Stuck.After
 				}
 				if olderThan <= 0 {
-					return fmt.Errorf("--older-than: must be a positive duration such as 5m")
+					return usagef("--older-than: must be a positive duration such as 5m")
+				}
+				if limit < 1 || limit > store.MaxSelected {
+					return usagef("--limit: %d is not between 1 and %d", limit, store.MaxSelected)
 				}
 				events, err := st.Stuck(ctx, store.StuckQuery{OlderThan: olderThan, Limit: limit, IncludeParked: parked})
 				if err != nil {
@@ -72,11 +75,14 @@ func stuckCmd() *cobra.Command {
 					out = append(out, j)
 				}
 				if asJSON {
-					return writeJSON(e.out, out)
+					if err := writeJSON(e.out, out); err != nil {
+						return err
+					}
+					return noMatch(int64(len(out)))
 				}
 				if len(out) == 0 {
 					fmt.Fprintf(e.out, "no stuck events (none pending for over %s, none held)\n", human(olderThan))
-					return nil
+					return errNoMatch
 				}
 				tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tTYPE\tAGGREGATE\tAGE\tATTEMPTS\tSTATE\tHELD BACK\tLAST ERROR")
@@ -167,7 +173,13 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := parseTimes(); err != nil {
-				return err
+				return usageError(err)
+			}
+			if err := sel.Validate(); err != nil {
+				return usageError(err)
+			}
+			if use == "park" && strings.TrimSpace(reason) == "" {
+				return usagef("--reason is required: say why the events are set aside")
 			}
 			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *env, st *store.Store) error {
 				n, err := run(ctx, st, sel, reason)
@@ -175,13 +187,16 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 					return err
 				}
 				if asJSON {
-					return writeJSON(e.out, countJSON{Selector: sel.String(), Count: n})
+					if err := writeJSON(e.out, countJSON{Selector: sel.String(), Count: n}); err != nil {
+						return err
+					}
+					return noMatch(n)
 				}
 				fmt.Fprintf(e.out, "%s %d events (%s)\n", verb, n, sel)
 				if n == store.MaxSelected {
 					fmt.Fprintf(e.out, "that is the per-call maximum; run again for the rest\n")
 				}
-				return nil
+				return noMatch(n)
 			})
 		},
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 func relayCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Publish committed events to the broker until stopped",
 		Args:  cobra.NoArgs,
@@ -25,6 +25,8 @@ func relayCmd() *cobra.Command {
 			return e.runRelay(cmd.Context())
 		},
 	}
+	AddRelayFlags(cmd.Flags())
+	return cmd
 }
 
 // RelayHooks let other parts of the binary (metrics, health) attach to a
@@ -48,7 +50,8 @@ func (e *env) runRelay(ctx context.Context) error {
 		Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
 	})
 	if err != nil {
-		return err
+		// A broker section that does not decode is a usage error already.
+		return unavailable(err)
 	}
 	defer pub.Close()
 	for _, wrap := range publisherWraps {

@@ -1,0 +1,273 @@
+package outboxcli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/pflag"
+
+	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
+)
+
+var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--no-wakeups", "--http-listen"}
+
+func TestCommandsShowOnlyTheirFlags(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range NewRoot(nil, nil).Commands() {
+		name := c.Name()
+		if name == "help" || name == "completion" {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			out, _, err := runCLI(ctx, name, "--help")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "Exit codes:") || !strings.Contains(out, "4  nothing matched") {
+				t.Errorf("%s --help does not list the exit codes\n%s", name, out)
+			}
+			for _, f := range relayOnlyFlags {
+				if has := listsFlag(out, f); has != (name == "relay") {
+					t.Errorf("%s --help lists %s: %v\n%s", name, f, has, out)
+				}
+			}
+			for _, f := range []string{"--config", "--database-url", "--schema", "--table", "--log-level", "--log-format"} {
+				if !listsFlag(out, f) {
+					t.Errorf("%s --help lacks the global flag %s\n%s", name, f, out)
+				}
+			}
+		})
+	}
+	out, _, err := runCLI(ctx, "migrate", "--help")
+	if err != nil || !strings.Contains(out, "--print") || !strings.Contains(out, "--all") {
+		t.Errorf("migrate --help lacks --print or --all (err %v):\n%s", err, out)
+	}
+	_, _, err = runCLI(ctx, "status", "--batch-size", "10")
+	if err == nil || !strings.Contains(err.Error(), "batch-size") || ExitCode(err) != ExitUsage {
+		t.Errorf("status --batch-size: err = %v (code %d), want an unknown flag, code %d", err, ExitCode(err), ExitUsage)
+	}
+}
+
+// listsFlag reports whether the help text lists flag: followed by its type
+// or, for a boolean, its optional value.
+func listsFlag(help, flag string) bool {
+	return strings.Contains(help, flag+" ") || strings.Contains(help, flag+"[")
+}
+
+func TestLoadWithTheGlobalFlagsOnly(t *testing.T) {
+	fs := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	AddGlobalFlags(fs)
+	if err := fs.Parse([]string{"--database-url", "postgres://flag/db", "--schema", "s1", "--log-level", "debug"}); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := Load(fs, []string{"OUTBOX_RELAY_LANES=7", "OUTBOX_BROKER=gochannel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DatabaseURL != "postgres://flag/db" || c.Store.Schema != "s1" || c.Log.Level != "debug" {
+		t.Errorf("flags not applied: %+v", c)
+	}
+	if c.Relay.Lanes != 7 || c.Broker != "gochannel" || c.Relay.BatchSize != 500 || !c.Relay.Wakeups {
+		t.Errorf("relay settings from environment and defaults: %+v %q", c.Relay, c.Broker)
+	}
+	if err := c.Validate(); err != nil {
+		t.Error(err)
+	}
+	// The relay's flags alone, without --config, load as well.
+	rs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
+	AddRelayFlags(rs)
+	if err := rs.Parse([]string{"--no-wakeups", "--lanes", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err = Load(rs, nil); err != nil || c.Relay.Wakeups || c.Relay.Lanes != 3 {
+		t.Errorf("relay flags only: %+v, %v", c, err)
+	}
+}
+
+func TestBuildVersion(t *testing.T) {
+	bi := &debug.BuildInfo{GoVersion: "go1.99.1", Main: debug.Module{Path: "github.com/outboxhq/outbox", Version: "v1.2.3"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"},
+			{Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}}}
+	v := buildVersion(bi, true)
+	want := versionJSON{Module: "github.com/outboxhq/outbox", Version: "v1.2.3", Commit: "abc123", CommitAt: "2026-01-02T03:04:05Z",
+		Modified: true, GoVersion: "go1.99.1"}
+	if v != want {
+		t.Errorf("buildVersion = %+v, want %+v", v, want)
+	}
+	if s := v.String(); s != "outbox v1.2.3, commit abc123 (modified) of 2026-01-02T03:04:05Z, go1.99.1" {
+		t.Errorf("String() = %q", s)
+	}
+	if v := buildVersion(nil, false); v.Version != "unknown" || !strings.HasPrefix(v.GoVersion, "go") {
+		t.Errorf("without build info: %+v", v)
+	}
+
+	out, _, err := runCLI(context.Background(), "version")
+	if err != nil || !strings.HasPrefix(out, "outbox ") || !strings.Contains(out, "go1.") {
+		t.Errorf("version: %q, %v", out, err)
+	}
+	out, _, err = runCLI(context.Background(), "version", "--json")
+	var j versionJSON
+	if err != nil || json.Unmarshal([]byte(out), &j) != nil || j.GoVersion == "" || j.Version == "" {
+		t.Errorf("version --json: %q, %v", out, err)
+	}
+}
+
+func TestMigratePrint(t *testing.T) {
+	ctx := context.Background()
+	// --all needs no database: this URL reaches nothing.
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	out, _, err := runCLI(ctx, "migrate", "--print", "--all", "--schema", "dba_x", "--table", "evts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	migs, err := store.Migrations(store.Config{Schema: "dba_x", Table: "evts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range migs {
+		rec, _ := store.MigrationRecordSQL(store.Config{Schema: "dba_x", Table: "evts"}, m)
+		if !strings.Contains(out, rec+";") {
+			t.Errorf("--print --all lacks %q", rec)
+		}
+	}
+	if !strings.Contains(out, `CREATE TABLE "dba_x"."evts"`) || strings.Contains(out, "{{") {
+		t.Errorf("names not filled in:\n%s", out)
+	}
+	// A name that could end a comment line is quoted in the script's comments.
+	out, _, err = runCLI(ctx, "migrate", "--print", "--all", "--schema", "a\nb")
+	if err != nil || !strings.HasPrefix(out, "-- outbox migrations 1 to ") || !strings.Contains(out, "\nBEGIN;\n") ||
+		strings.Split(out, "\n")[1] != "BEGIN;" {
+		t.Errorf("schema name with a newline:\n%.300s\n%v", out, err)
+	}
+	if _, _, err := runCLI(ctx, "migrate", "--all"); ExitCode(err) != ExitUsage {
+		t.Errorf("--all without --print: %v", err)
+	}
+
+	// Applied by another tool, the printed script leaves a schema outbox
+	// takes as migrated.
+	admin := pgtest.NewPool(t)
+	t.Setenv("DATABASE_URL", pgtest.URL(t))
+	schema := "dba_" + randomHex(4)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	out, _, err = runCLI(ctx, "migrate", "--print", "--schema", schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, out); err != nil {
+		t.Fatalf("apply printed migrations: %v\n%s", err, out)
+	}
+	if err := store.CheckSchema(ctx, admin, store.Config{Schema: schema}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := runCLI(ctx, "migrate", "--schema", schema); err != nil || !strings.Contains(out, "up to date") {
+		t.Errorf("migrate after the printed script: %q, %v", out, err)
+	}
+	if out, _, err := runCLI(ctx, "migrate", "--print", "--schema", schema); err != nil || !strings.Contains(out, "nothing to apply") {
+		t.Errorf("migrate --print when up to date: %q, %v", out, err)
+	}
+	// Only what the database lacks is printed.
+	last := migs[len(migs)-1]
+	if _, err := admin.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "events_outbox_migrations"}.Sanitize()+" WHERE version = $1", last.Version); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = runCLI(ctx, "migrate", "--print", "--schema", schema)
+	header := func(m store.Migration) string { return fmt.Sprintf("-- %04d_%s\n", m.Version, m.Name) }
+	if err != nil || !strings.Contains(out, header(last)) || strings.Contains(out, header(migs[0])) {
+		t.Errorf("migrate --print at version %d:\n%s\n%v", last.Version-1, out, err)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	t.Setenv("DATABASE_URL", pgtest.URL(t))
+	ctx := context.Background()
+	s := cfg.Schema
+	unmigrated := "nomig_" + randomHex(4)
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+	}{
+		{"ok", nil, []string{"status", "--schema", s}, ExitOK},
+		{"unknown command", nil, []string{"frobnicate"}, ExitUsage},
+		{"unknown flag", nil, []string{"status", "--nope"}, ExitUsage},
+		{"relay flag on status", nil, []string{"status", "--lanes", "2"}, ExitUsage},
+		{"extra argument", nil, []string{"status", "now"}, ExitUsage},
+		{"bad flag value", nil, []string{"relay", "--lanes", "many"}, ExitUsage},
+		{"invalid config", nil, []string{"status", "--log-level", "loud"}, ExitUsage},
+		{"unknown key", map[string]string{"OUTBOX_RELAY_BATCHSIZE": "3"}, []string{"status", "--schema", s}, ExitUsage},
+		{"bad database url", map[string]string{"DATABASE_URL": "postgres://db.example:port/x"}, []string{"status"}, ExitUsage},
+		{"empty selector", nil, []string{"retry", "--schema", s}, ExitUsage},
+		{"bad aggregate", nil, []string{"unpark", "--aggregate", "nope", "--schema", s}, ExitUsage},
+		{"park without reason", nil, []string{"park", "--type", "x", "--schema", s}, ExitUsage},
+		{"bad time", nil, []string{"replay", "--created-after", "yesterday", "--schema", s}, ExitUsage},
+		{"bad batch", nil, []string{"cleanup", "--batch", "0", "--schema", s}, ExitUsage},
+		{"bad broker section", map[string]string{"OUTBOX_BROKERS_AMQP_CHANNELS": "several"},
+			[]string{"relay", "--broker", "amqp", "--schema", s}, ExitUsage},
+		{"database unreachable", map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"},
+			[]string{"status"}, ExitUnavailable},
+		{"broker unreachable", map[string]string{"OUTBOX_BROKERS_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
+			"OUTBOX_BROKERS_AMQP_CONNECT_TIMEOUT": "2s"}, []string{"relay", "--broker", "amqp", "--schema", s}, ExitUnavailable},
+		{"not migrated", nil, []string{"status", "--schema", unmigrated}, ExitFailure},
+		{"retry matches nothing", nil, []string{"retry", "--type", "no.such", "--schema", s}, ExitNoMatch},
+		{"park matches nothing", nil, []string{"park", "--type", "no.such", "--reason", "test", "--schema", s}, ExitNoMatch},
+		{"unpark matches nothing", nil, []string{"unpark", "--type", "no.such", "--json", "--schema", s}, ExitNoMatch},
+		{"replay matches nothing", nil, []string{"replay", "--type", "no.such", "--dry-run", "--schema", s}, ExitNoMatch},
+		{"nothing stuck", nil, []string{"stuck", "--schema", s}, ExitNoMatch},
+		{"cleanup deleting nothing is fine", nil, []string{"cleanup", "--schema", s}, ExitOK},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			_, errOut, err := runCLI(cctx, tc.args...)
+			if got := ExitCode(err); got != tc.code {
+				t.Errorf("%v: exit code %d, want %d (err %v)\n%s", tc.args, got, tc.code, err, errOut)
+			}
+		})
+	}
+
+	// A selection that matches gives 0; stuck lists a held event.
+	var id int64
+	if err := pool.QueryRow(ctx, "INSERT INTO "+pgx.Identifier{s, "events_outbox"}.Sanitize()+
+		" (uid, aggregate_id, type, payload, retry_at, attempts) VALUES (gen_random_uuid(), gen_random_uuid(), 'x.y', '{}', 'infinity', 3) RETURNING id").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCLI(ctx, "stuck", "--schema", s); err != nil {
+		t.Errorf("stuck with a held event: %v", err)
+	}
+	if _, _, err := runCLI(ctx, "retry", "--type", "x.y", "--schema", s); err != nil {
+		t.Errorf("retry that matches: %v", err)
+	}
+}
+
+func TestMainMapsExitCodes(t *testing.T) {
+	ctx := context.Background()
+	if code := Main(ctx, []string{"version"}); code != ExitOK {
+		t.Errorf("version: %d", code)
+	}
+	if code := Main(ctx, []string{"status", "--no-such-flag"}); code != ExitUsage {
+		t.Errorf("unknown flag: %d", code)
+	}
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if code := Main(ctx, []string{"status"}); code != ExitUnavailable {
+		t.Errorf("unreachable database: %d", code)
+	}
+	if !errors.Is(withCode(ExitFailure, errNoMatch), errNoMatch) || ExitCode(withCode(ExitFailure, errNoMatch)) != ExitNoMatch {
+		t.Error("a code once set is kept")
+	}
+}
