@@ -21,6 +21,25 @@ func FuzzWriterValidate(f *testing.F) {
 	f.Add("not-a-uuid", "t", []byte(`{`), "event_uid", "x")
 	f.Add(orderID, "t\x00", []byte(`"\ud800"`), "k", "v\x00")
 	f.Add("{"+orderID+"}", " ", []byte(" [1, 2 ,3] "), "traceparent", "00-x")
+	// Inputs the fuzzer once found interesting, kept as seeds here rather
+	// than as a corpus folder at the top of the module.
+	f.Add(string("00"), string(""), []byte(""), string(""), string(""))
+	f.Add(string("00000000000000000000000000000000"), string("0"), []byte("0"), string("ޣƊ"), string("0"))
+	f.Add(string("00000000-0000-0000-0000-000000000000"), string("0"), []byte("00"), string("0"), string("0"))
+	f.Add(string("0000000000000000"), string("0"), []byte("0"), string("0"), string("0"))
+	f.Add(string("\"\"\"\"\"\"\"\""), string("0"), []byte("0"), string("0"), string("0"))
+	f.Add(string("00000000-0000-0000-0000-000000000000"), string("0   "), []byte("0"), string("0"), string("0"))
+	f.Add(string("\n\n\n\n\n\n\n\n"), string("0"), []byte("0"), string("0"), string("0"))
+	f.Add(string("ŗѣѮ"), string("0"), []byte("0"), string("0"), string("0"))
+	f.Add(string("\xb9大ع"), string("0"), []byte("0"), string("0"), string(""))
+	f.Add(string("\x7f\x7f"), string("0"), []byte("0"), string("0"), string("0"))
+	f.Add(string("00000000-0000-0000-0000-000000000000"), string("0"), []byte("\""), string("0"), string("0"))
+	f.Add(string("00000000-0000-0000-0000-000000000000"), string("0000000000000000000"), []byte("{\"000\":10}"), string("00&&&&&&&&00"), string("0000"))
+	f.Add(string("0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"), string("order.placed"), []byte("\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\""), string(""), string(""))
+	f.Add(string("0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"), string("order.placed"), []byte("\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\""), string(""), string(""))
+	f.Add(string("0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"), string("order.placed"), []byte("{}"), string("aggregate_id"), string("x"))
+	f.Add(string("urn:uuid:0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"), string("order.placed"), []byte("{}"), string("tenant"), string("acme"))
+	f.Add(string("0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"), string("order.placed"), []byte(" \n{ \"b\" : 1 , \"a\" : 2 }\t"), string(""), string(""))
 	const limit = 256
 	w, err := outbox.NewWriter(outbox.WriterOptions{MaxPayloadBytes: limit})
 	if err != nil {

@@ -123,9 +123,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Deduper, error) {
 	return &Deduper{pool: pool, opts: o, log: o.Logger.With("consumer", o.Consumer), processed: processed}, nil
 }
 
-// Consumer returns the consumer name events are recorded under.
-func (d *Deduper) Consumer() string { return d.opts.Consumer }
-
 type txKey struct{}
 
 type txValue struct {
