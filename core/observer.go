@@ -27,3 +27,44 @@ func (nopObserver) Published(*Event, time.Duration, error) {}
 func (nopObserver) Completed(int, int, time.Duration)      {}
 func (nopObserver) Errored(string, error)                  {}
 func (nopObserver) Rejected(*Event, error)                 {}
+
+// Observers fans measurements out to each observer in turn, so a program
+// can run metrics and its own instrumentation side by side.
+type Observers []Observer
+
+var _ Observer = Observers(nil)
+
+// Claimed implements Observer.
+func (os Observers) Claimed(n int, d time.Duration) {
+	for _, o := range os {
+		o.Claimed(n, d)
+	}
+}
+
+// Published implements Observer.
+func (os Observers) Published(e *Event, d time.Duration, err error) {
+	for _, o := range os {
+		o.Published(e, d, err)
+	}
+}
+
+// Completed implements Observer.
+func (os Observers) Completed(done, failed int, d time.Duration) {
+	for _, o := range os {
+		o.Completed(done, failed, d)
+	}
+}
+
+// Errored implements Observer.
+func (os Observers) Errored(op string, err error) {
+	for _, o := range os {
+		o.Errored(op, err)
+	}
+}
+
+// Rejected implements Observer.
+func (os Observers) Rejected(e *Event, err error) {
+	for _, o := range os {
+		o.Rejected(e, err)
+	}
+}

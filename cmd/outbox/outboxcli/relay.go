@@ -61,7 +61,7 @@ func (e *env) runRelay(ctx context.Context) error {
 	}
 
 	var relay *core.Relay
-	var observers multiObserver
+	var observers core.Observers
 	for _, hook := range relayHooks {
 		obs, err := hook(ctx, e, st, pub, func() *core.Relay { return relay })
 		if err != nil {
