@@ -35,36 +35,36 @@ type Observers []Observer
 var _ Observer = Observers(nil)
 
 // Claimed implements Observer.
-func (os Observers) Claimed(n int, d time.Duration) {
-	for _, o := range os {
+func (m Observers) Claimed(n int, d time.Duration) {
+	for _, o := range m {
 		o.Claimed(n, d)
 	}
 }
 
 // Published implements Observer.
-func (os Observers) Published(e *Event, d time.Duration, err error) {
-	for _, o := range os {
+func (m Observers) Published(e *Event, d time.Duration, err error) {
+	for _, o := range m {
 		o.Published(e, d, err)
 	}
 }
 
 // Completed implements Observer.
-func (os Observers) Completed(done, failed int, d time.Duration) {
-	for _, o := range os {
+func (m Observers) Completed(done, failed int, d time.Duration) {
+	for _, o := range m {
 		o.Completed(done, failed, d)
 	}
 }
 
 // Errored implements Observer.
-func (os Observers) Errored(op string, err error) {
-	for _, o := range os {
+func (m Observers) Errored(op string, err error) {
+	for _, o := range m {
 		o.Errored(op, err)
 	}
 }
 
 // Rejected implements Observer.
-func (os Observers) Rejected(e *Event, err error) {
-	for _, o := range os {
+func (m Observers) Rejected(e *Event, err error) {
+	for _, o := range m {
 		o.Rejected(e, err)
 	}
 }
