@@ -375,3 +375,33 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// RunRetention runs Cleanup every interval, the first time one minute
+// after start (or sooner with a shorter interval), until ctx is done.
+// Every replica may run it: the cleanup lock lets one clean at a time, and
+// the others skip their turn. Failures are logged and tried again at the
+// next interval.
+func (s *Store) RunRetention(ctx context.Context, opts CleanupOptions, interval time.Duration) {
+	log := s.log.With("task", "retention")
+	if interval <= 0 {
+		log.Error("retention not started: interval must be positive", "interval", interval)
+		return
+	}
+	t := time.NewTimer(min(interval, time.Minute))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := s.Cleanup(ctx, opts)
+		switch {
+		case errors.Is(err, ErrCleanupBusy):
+			log.Debug("retention skipped: another replica is cleaning up")
+		case err != nil && ctx.Err() == nil:
+			log.Error("retention failed", "error", err, "outbox_deleted", res.Outbox, "processed_deleted", res.Processed)
+		}
+		t.Reset(interval)
+	}
+}

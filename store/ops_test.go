@@ -563,3 +563,27 @@ SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x"}' 
 		}
 	}
 }
+
+// RunRetention cleans up on its interval and returns when ctx ends.
+func TestRunRetention(t *testing.T) {
+	pool, cfg, st := opsStore(t)
+	day := 24 * time.Hour
+	opsInsert(t, pool, cfg, opsRow{createdAgo: 9 * day, dispatchedAgo: 8 * day}, opsRow{createdAgo: 30 * day})
+	table := pgx.Identifier{cfg.Schema, "events_outbox"}.Sanitize()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); st.RunRetention(ctx, store.CleanupOptions{}, 20*time.Millisecond) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for opsCount(t, pool, "SELECT count(*) FROM "+table) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("retention did not delete the old dispatched event")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunRetention did not return after cancel")
+	}
+}

@@ -2,9 +2,6 @@ package outboxcli
 
 import (
 	"context"
-	"errors"
-	"log/slog"
-	"time"
 
 	"go.opentelemetry.io/otel"
 
@@ -43,29 +40,6 @@ func startRetention(ctx context.Context, e *env, st *store.Store, _ core.Publish
 		return nil, nil
 	}
 	opts := store.CleanupOptions{Dispatched: rt.Dispatched, Processed: rt.Processed, BatchSize: rt.BatchSize}
-	go runRetention(ctx, st, opts, rt.Interval, e.log.With("task", "retention"))
+	go st.RunRetention(ctx, opts, rt.Interval)
 	return nil, nil
-}
-
-// runRetention cleans up every interval, the first time one minute after
-// start (or sooner with a shorter interval), until ctx is done. Every
-// replica runs it; the store's advisory lock lets one clean at a time.
-func runRetention(ctx context.Context, st *store.Store, opts store.CleanupOptions, interval time.Duration, log *slog.Logger) {
-	t := time.NewTimer(min(interval, time.Minute))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		res, err := st.Cleanup(ctx, opts)
-		switch {
-		case errors.Is(err, store.ErrCleanupBusy):
-			log.Debug("retention skipped: another replica is cleaning up")
-		case err != nil && ctx.Err() == nil:
-			log.Error("retention failed", "error", err, "outbox_deleted", res.Outbox, "processed_deleted", res.Processed)
-		}
-		t.Reset(interval)
-	}
 }
