@@ -92,6 +92,18 @@ func Listen(target string) (*Proxy, error) {
 // Addr is the host:port clients dial instead of the target.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
+// Advertise wraps a broker's listener so that it reports the proxy's
+// address as its own: a broker that tells clients where to connect (Kafka's
+// metadata, kfake's listeners) then sends them through the proxy.
+func (p *Proxy) Advertise(ln net.Listener) net.Listener { return advertised{Listener: ln, proxy: p} }
+
+type advertised struct {
+	net.Listener
+	proxy *Proxy
+}
+
+func (a advertised) Addr() net.Addr { return a.proxy.ln.Addr() }
+
 // SetMode switches what the proxy does from now on, for the connections it
 // has and those to come.
 func (p *Proxy) SetMode(m Mode) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -231,20 +230,9 @@ func proxied(t *testing.T) (*kfake.Cluster, *brokertest.Proxy) {
 			return nil, err
 		}
 		proxy = brokertest.NewProxy(t, ln.Addr().String())
-		return advertised{Listener: ln, addr: proxy}, nil
+		return proxy.Advertise(ln), nil
 	}))
 	return kf, proxy
-}
-
-// advertised is a listener that gives the proxy's address as its own.
-type advertised struct {
-	net.Listener
-	addr *brokertest.Proxy
-}
-
-func (a advertised) Addr() net.Addr {
-	ap, _ := netip.ParseAddrPort(a.addr.Addr())
-	return net.TCPAddrFromAddrPort(ap)
 }
 
 func TestStalls(t *testing.T) {

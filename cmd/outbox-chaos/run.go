@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -357,7 +356,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 					_ = ln.Close()
 					return nil, err
 				}
-				return advertised{Listener: ln, proxy: proxy}, nil
+				return proxy.Advertise(ln), nil
 			}))
 		if err != nil {
 			return nil, fmt.Errorf("start kfake: %w", err)
@@ -712,16 +711,4 @@ func ModuleRoot() (string, error) {
 		return "", errors.New("find module root: not inside a module")
 	}
 	return filepath.Dir(mod), nil
-}
-
-// advertised is a listener that gives a proxy's address as its own, so
-// kfake tells clients to connect through the proxy.
-type advertised struct {
-	net.Listener
-	proxy *brokertest.Proxy
-}
-
-func (a advertised) Addr() net.Addr {
-	ap, _ := netip.ParseAddrPort(a.proxy.Addr())
-	return net.TCPAddrFromAddrPort(ap)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -40,7 +39,7 @@ func TestReadyzChecksBroker(t *testing.T) {
 						return nil, err
 					}
 					proxy = brokertest.NewProxy(t, ln.Addr().String())
-					return advertised{Listener: ln, proxy: proxy}, nil
+					return proxy.Advertise(ln), nil
 				}))
 			if err != nil {
 				t.Fatal(err)
@@ -95,15 +94,4 @@ func TestReadyzChecksBroker(t *testing.T) {
 			}
 		})
 	}
-}
-
-// advertised is a listener that gives a proxy's address as its own.
-type advertised struct {
-	net.Listener
-	proxy *brokertest.Proxy
-}
-
-func (a advertised) Addr() net.Addr {
-	ap, _ := netip.ParseAddrPort(a.proxy.Addr())
-	return net.TCPAddrFromAddrPort(ap)
 }
