@@ -14,6 +14,22 @@ import (
 // ErrClosed is returned by a publisher after Close.
 var ErrClosed = errors.New("publisher is closed")
 
+// errPanicked marks a library call that panicked. Such a link is no use
+// any more: it is torn down like a broken one.
+var errPanicked = errors.New("broker library panicked")
+
+// contain runs a call into a broker library, turning a panic into an
+// error: a library crashing on a lost connection (watermill-amqp closes
+// channels it failed to reopen) must not take the relay down.
+func contain(what string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: %w: %v", what, errPanicked, r)
+		}
+	}()
+	return fn()
+}
+
 // Link is one connection to a broker as an adapter opened it: the Watermill
 // publisher over it, and the means to check it and to force it down.
 type Link struct {
@@ -191,7 +207,8 @@ func (g *guard) open(o *opening) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		l, err := g.dial(ctx)
+		var l *Link
+		err := contain("connect", func() (err error) { l, err = g.dial(ctx); return err })
 		res <- dialed{l, err}
 	}()
 	var d dialed
@@ -285,13 +302,13 @@ func (g *guard) teardown(l *link, graceful bool, deadline time.Time) error {
 		go func() {
 			defer g.wg.Done()
 			<-l.idle
-			_ = l.Publisher.Close()
+			_ = contain("close publisher", l.Publisher.Close)
 			l.abort()
 		}()
 		return errors.New("close publisher: calls still blocked after aborting the connection")
 	}
 	closed := make(chan error, 1)
-	go func() { closed <- l.Publisher.Close() }()
+	go func() { closed <- contain("close publisher", l.Publisher.Close) }()
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -331,7 +348,7 @@ func (g *guard) call(ctx context.Context, fn func(l *link) error) error {
 	}()
 	select {
 	case err := <-done:
-		if err != nil && g.opts.Broken(err) {
+		if err != nil && (errors.Is(err, errPanicked) || g.opts.Broken(err)) {
 			g.retire(l, err)
 		}
 		return err
@@ -344,7 +361,9 @@ func (g *guard) call(ctx context.Context, fn func(l *link) error) error {
 }
 
 func (g *guard) publish(ctx context.Context, topic string, msg *message.Message) error {
-	return g.call(ctx, func(l *link) error { return l.Publisher.Publish(topic, msg) })
+	return g.call(ctx, func(l *link) error {
+		return contain("publish", func() error { return l.Publisher.Publish(topic, msg) })
+	})
 }
 
 func (g *guard) ping(ctx context.Context) error {
@@ -352,7 +371,7 @@ func (g *guard) ping(ctx context.Context) error {
 		if l.Ping == nil {
 			return nil
 		}
-		return l.Ping(ctx)
+		return contain("ping", func() error { return l.Ping(ctx) })
 	})
 }
 

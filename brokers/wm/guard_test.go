@@ -3,6 +3,7 @@ package wm_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,6 +32,9 @@ type conn struct {
 }
 
 func (c *conn) Publish(topic string, msgs ...*message.Message) error {
+	if c.b.panics.Load() {
+		panic("publish on a channel the library failed to reopen")
+	}
 	if c.closed.Load() {
 		return errors.New("publish on a closed publisher")
 	}
@@ -49,6 +53,9 @@ func (c *conn) Close() error {
 	// Watermill publishers do not survive a Close under a running
 	// publish; the guard must never do that.
 	c.closed.Store(true)
+	if c.b.panics.Load() {
+		panic("close of a channel the library failed to reopen")
+	}
 	return nil
 }
 
@@ -63,6 +70,7 @@ type broker struct {
 	frozen    atomic.Bool // publishes block until aborted
 	dropped   atomic.Bool // publishes fail with errDropped
 	hangDial  atomic.Bool // dials ignore ctx and block until released
+	panics    atomic.Bool // Publish and Close panic, as a library's nil channel does
 	release   chan struct{}
 	published atomic.Int64
 }
@@ -176,6 +184,29 @@ func TestBrokenErrorRebuilds(t *testing.T) {
 	}
 	if n := b.dials(); n != 2 {
 		t.Fatalf("%d dials, want 2", n)
+	}
+}
+
+// A library that panics inside Publish or Close (watermill-amqp closing a
+// channel it failed to reopen) costs a link, not the process.
+func TestLibraryPanicIsContained(t *testing.T) {
+	b := newBroker()
+	p := open(t, b, wm.Options{})
+	b.panics.Store(true)
+	if err := publish(p, time.Second); err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("publish into a panicking library: %v, want an error naming the panic", err)
+	}
+	waitFor(t, "the panicking link's close to run", b.conn(0).closed.Load)
+	b.panics.Store(false)
+	if err := publish(p, time.Second); err != nil {
+		t.Fatalf("publish after the panic: %v", err)
+	}
+	if n := b.dials(); n != 2 {
+		t.Fatalf("%d dials, want 2: the panicking link must be replaced", n)
+	}
+	b.panics.Store(true)
+	if err := p.Close(); err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("close of a panicking library: %v, want an error naming the panic", err)
 	}
 }
 

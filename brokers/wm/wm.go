@@ -103,7 +103,9 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	if p.guard != nil {
 		err = p.guard.publish(ctx, topic, msg)
 	} else {
-		err = aside(ctx, func() error { return p.pub.Publish(topic, msg) })
+		err = aside(ctx, func() error {
+			return contain("publish", func() error { return p.pub.Publish(topic, msg) })
+		})
 	}
 	switch {
 	case err == nil:
@@ -148,5 +150,5 @@ func (p *Publisher) Close() error {
 	if p.guard != nil {
 		return p.guard.close()
 	}
-	return p.pub.Close()
+	return contain("close publisher", p.pub.Close)
 }
