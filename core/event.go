@@ -32,7 +32,8 @@ type Store interface {
 	// Claim takes up to req.Limit pending events in id order and holds them
 	// until the returned Claim is completed or released. An empty claim is
 	// valid. In ordered mode the store returns an event only when every
-	// earlier pending event of its aggregate is in the same claim.
+	// earlier pending event of its aggregate is in the same claim or in
+	// req.InFlight.
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
 }
 
@@ -40,6 +41,14 @@ type Store interface {
 type ClaimRequest struct {
 	Limit     int
 	Unordered bool
+	// InFlight lists events the caller holds in its own open claims and
+	// publishes, in order, before any event of their aggregates that this
+	// claim returns. In ordered mode they count as part of this claim for
+	// the gate, so a relay can claim the next events of an aggregate while
+	// earlier ones are still on their way. Events whose publish failed do
+	// not belong here: left out, they hold their aggregate back. Events of
+	// another relay's claims must never be listed.
+	InFlight []int64
 }
 
 // Claim is a set of events held by one relay.

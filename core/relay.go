@@ -15,15 +15,19 @@ import (
 // takes the default named in its comment.
 type Options struct {
 	BatchSize int // events per claim; default 500, at most MaxBatchSize
-	Lanes     int // concurrent publishes per batch; default 16, at most MaxLanes
-	// Claimers is how many claim loops run side by side, each with its own
-	// batch and lanes, as replicas do: one publishes while another waits on
-	// the database. Default 2, at most MaxClaimers.
+	// Lanes is how many events are published at once, across the open
+	// claims; in ordered mode each aggregate has one at a time. Default
+	// 16, at most MaxLanes.
+	Lanes int
+	// Claimers is how many claims (batches) may be open at once: while one
+	// is published, the next is claimed and the last is recorded. Each open
+	// claim holds a database transaction and connection until its every
+	// event is resolved. Default 2, at most MaxClaimers.
 	Claimers       int
 	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
 	PublishTimeout time.Duration // bound on one publish; default 30s
-	// ShutdownTimeout bounds how long Run waits for the in-flight batch
-	// after its context is cancelled; default 30s.
+	// ShutdownTimeout bounds how long Run waits for the publishes in
+	// flight after its context is cancelled; default 30s.
 	ShutdownTimeout time.Duration
 	// Unordered lets events of one aggregate go out in parallel and
 	// out of order, for throughput. The default keeps per-aggregate order.
@@ -132,6 +136,13 @@ type Relay struct {
 	stopOnce sync.Once
 	progress atomic.Int64 // unix nanos of the last cycle that reached the store
 
+	// Set up by loop: the queues, a slot per open claim, the open batches
+	// and how the recorded ones went.
+	lanes    *lanes
+	slots    chan struct{}
+	open     sync.WaitGroup
+	outcomes outcomes
+
 	mu         sync.Mutex
 	started    bool
 	done       chan struct{}
@@ -163,8 +174,8 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	return r, nil
 }
 
-// Run relays until ctx is cancelled, then stops gracefully: the in-flight
-// batch is published and recorded, bounded by Options.ShutdownTimeout.
+// Run relays until ctx is cancelled, then stops gracefully: the publishes
+// in flight finish and are recorded, bounded by Options.ShutdownTimeout.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.Start(ctx); err != nil {
 		return err
@@ -204,9 +215,11 @@ func (r *Relay) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop asks the relay to finish its in-flight batch and waits for it. When
-// ctx ends first, in-flight publishes are cancelled, their claim released,
-// and Stop returns ctx's error once the relay has exited.
+// Stop asks the relay to finish the publishes in flight and record them,
+// and waits for it; claimed events no lane has started stay pending for
+// the next relay. When ctx ends first, in-flight publishes are cancelled
+// and left pending, what reached the broker is still recorded, and Stop
+// returns ctx's error once the relay has exited.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
 	done, cancel := r.done, r.cancelWork
@@ -267,38 +280,67 @@ func (r *Relay) loop(ctx context.Context) {
 		}()
 		defer func() { cancel(); <-listening }()
 	}
-	var wg sync.WaitGroup
-	for range r.opts.Claimers {
-		wg.Add(1)
+	r.lanes = newLanes(!r.opts.Unordered, r.opts.BatchSize, func(b *batch) { go r.complete(ctx, b) })
+	r.slots = make(chan struct{}, r.opts.Claimers)
+	var workers sync.WaitGroup
+	for range r.opts.Lanes {
+		workers.Add(1)
 		go func() {
-			defer wg.Done()
-			r.claimLoop(ctx)
+			defer workers.Done()
+			r.work(ctx)
 		}()
 	}
-	wg.Wait()
+	r.claimLoop(ctx)
+	// Stopping: what is being published finishes and is recorded with its
+	// claim; events still queued stay pending for the next relay.
+	r.lanes.letGoAll()
+	r.open.Wait()
+	r.lanes.close()
+	workers.Wait()
 }
 
+// claimLoop makes the claims, one at a time, while a claim may be opened
+// and the queues are short, and backs off after failures.
 func (r *Relay) claimLoop(ctx context.Context) {
 	failures := 0
 	down := false // a probe failed and none has succeeded since
+	fail := func(err error) bool {
+		failures++
+		wait := r.opts.ErrorBackoff.Delay(failures - 1)
+		r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", failures)
+		return r.backoff(ctx, wait, &down)
+	}
 	for !r.stopping() && ctx.Err() == nil {
-		next, err := r.cycle(ctx)
+		if !r.ready(ctx) {
+			return
+		}
+		// A batch recorded since the last claim tells how the last round
+		// went: a failure backs the loop off, a success resets the backoff.
+		if ok, err := r.outcomes.take(); err != nil {
+			<-r.slots
+			if !fail(err) {
+				return
+			}
+			continue
+		} else if ok {
+			failures, down = 0, false
+		}
+		next, opened, err := r.claimBatch(ctx)
+		if !opened {
+			<-r.slots
+		}
 		if err != nil {
-			failures++
-			wait := r.opts.ErrorBackoff.Delay(failures - 1)
-			r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", failures)
-			if !r.backoff(ctx, wait, &down) {
+			if !fail(err) {
 				return
 			}
 			continue
 		}
-		failures, down = 0, false
+		if next == idle && !opened {
+			failures, down = 0, false // the store answered and had nothing
+		}
 		wait := r.opts.PollInterval
 		switch next {
 		case again:
-			if r.opts.Claimers > 1 {
-				r.Wake() // a backlog: bring an idle sibling in
-			}
 			continue
 		case soon:
 			wait = min(wait, contendedPause)
@@ -308,6 +350,44 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		}
 	}
 }
+
+// ready waits until a claim may be made: fewer than Claimers claims are
+// open (it takes a slot for the next one) and fewer than a batch of events
+// wait for a lane, so the next batch arrives before the lanes run dry but
+// memory stays bounded. While every claim is open it relieves stalled
+// aggregates, so that one slow publish cannot hold every claim open. False
+// means stop.
+func (r *Relay) ready(ctx context.Context) bool {
+	var tick <-chan time.Time
+	for {
+		if r.lanes.queuedCount() < r.opts.BatchSize {
+			select {
+			case r.slots <- struct{}{}:
+				return true
+			default:
+			}
+			r.lanes.relieve(stallAfter)
+			if tick == nil {
+				t := time.NewTicker(stallAfter / 4)
+				defer t.Stop()
+				tick = t.C
+			}
+		}
+		select {
+		case <-r.lanes.kick:
+		case <-tick:
+		case <-r.stop:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// stallAfter is how long an aggregate's publish may take before the
+// events queued behind it, from newer claims, are let go so their claims
+// can be recorded; next to it a normal publish is short.
+const stallAfter = time.Second
 
 // pace says when the loop should claim next.
 type pace int
@@ -413,14 +493,15 @@ func (r *Relay) probe(ctx context.Context) error {
 	return nil
 }
 
-// cycle claims, publishes and records one batch, and says when to claim
-// next.
-func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
+// claimBatch makes one claim and queues its events. opened reports that a
+// batch was opened (it then owns the slot ready took).
+func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err error) {
+	seq, inFlight := r.lanes.startClaim()
 	start := time.Now()
-	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered})
+	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered, InFlight: inFlight})
 	if err != nil {
 		r.obs.Errored("claim", err)
-		return idle, fmt.Errorf("claim batch: %w", err)
+		return idle, false, fmt.Errorf("claim batch: %w", err)
 	}
 	events := claim.Events()
 	rejected := rejectedOf(claim)
@@ -435,24 +516,76 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	if len(events) == 0 && len(rejected) == 0 {
 		if err := claim.Release(ctx); err != nil {
 			r.obs.Errored("release", err)
-			return idle, fmt.Errorf("release empty claim: %w", err)
+			return idle, false, fmt.Errorf("release empty claim: %w", err)
 		}
 		r.progress.Store(time.Now().UnixNano())
-		return next, nil
+		return next, false, nil
 	}
+	r.progress.Store(time.Now().UnixNano())
+	for _, rej := range rejected {
+		r.log.Warn("event held: the row cannot be relayed", "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
+	}
+	b := &batch{seq: seq, claim: claim, events: events, rejected: rejected,
+		states: make([]state, len(events)), errs: make([]error, len(events)), remaining: len(events)}
+	r.open.Add(1)
+	if !r.lanes.add(b) {
+		go r.complete(ctx, b) // nothing for the lanes: rejected rows only, or all let go
+	}
+	return next, true, nil
+}
 
+// work is one lane: it publishes queued events until the lanes close.
+func (r *Relay) work(ctx context.Context) {
+	for {
+		it, ok := r.lanes.take()
+		if !ok {
+			return
+		}
+		e := &it.b.events[it.i]
+		if ctx.Err() != nil {
+			r.lanes.finish(it, nil, true) // a hard stop: leave it pending
+			continue
+		}
+		start := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+		err := r.pub.Publish(pctx, e)
+		cancel()
+		r.obs.Published(e, time.Since(start), err)
+		// Cancelled by a hard stop: not the event's fault; leave it pending.
+		cancelled := err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err())
+		if err != nil && !cancelled {
+			r.log.Warn("publish failed", "event_id", e.ID, "event_uid", e.UID, "aggregate_id", e.AggregateID,
+				"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
+		}
+		r.lanes.finish(it, err, cancelled)
+	}
+}
+
+// complete records a batch whose every event is resolved, in the batch's
+// own claim, and frees its slot.
+func (r *Relay) complete(ctx context.Context, b *batch) {
+	defer r.open.Done()
 	var done []int64
 	var failed []Failure
-	if len(events) > 0 {
-		done, failed = r.publishBatch(ctx, events)
+	now := time.Now()
+	for i, st := range b.states {
+		switch st {
+		case stPublished:
+			done = append(done, b.events[i].ID)
+		case stFailed:
+			err := b.errs[i]
+			f := Failure{ID: b.events[i].ID, Reason: err.Error()}
+			if !IsPermanent(err) {
+				f.RetryAt = now.Add(r.opts.RetryBackoff.Delay(b.events[i].Attempts))
+			}
+			failed = append(failed, f)
+		}
 	}
-	for _, rej := range rejected {
+	for _, rej := range b.rejected {
 		err := Permanent(fmt.Errorf("cannot relay row: %w", rej.Err))
 		r.obs.Rejected(&rej.Event, err)
-		r.log.Warn("event held: the row cannot be relayed", "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
 		failed = append(failed, Failure{ID: rej.Event.ID, Reason: err.Error()})
 	}
-
 	// A hard stop cancelled ctx; still record what reached the broker, so
 	// it is not published again.
 	rctx := ctx
@@ -461,10 +594,15 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 		rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 	}
-	start = time.Now()
-	if err := claim.Complete(rctx, done, failed); err != nil {
+	start := time.Now()
+	err := b.claim.Complete(rctx, done, failed)
+	r.lanes.closeBatch(b)
+	<-r.slots
+	defer r.lanes.signal()
+	if err != nil {
 		r.obs.Errored("complete", err)
-		return idle, fmt.Errorf("complete batch of %d: %w", len(events)+len(rejected), err)
+		r.outcomes.put(fmt.Errorf("complete batch of %d: %w", len(b.events)+len(b.rejected), err))
+		return
 	}
 	r.obs.Completed(len(done), len(failed), time.Since(start))
 	r.progress.Store(time.Now().UnixNano())
@@ -472,9 +610,37 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	// down. Back off the loop rather than hammering the broker and the
 	// database. Held events alone (zero RetryAt) mean the broker answered.
 	if len(done) == 0 && slices.ContainsFunc(failed, func(f Failure) bool { return !f.RetryAt.IsZero() }) {
-		return idle, fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason)
+		r.outcomes.put(fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason))
+		return
 	}
-	return next, nil
+	r.outcomes.put(nil)
+}
+
+// outcomes collects how recorded batches went, for the claim loop.
+type outcomes struct {
+	mu  sync.Mutex
+	err error // the first failure since the last take
+	ok  bool  // a batch was recorded without failing since the last take
+}
+
+func (o *outcomes) put(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err == nil {
+		o.ok = true
+	} else if o.err == nil {
+		o.err = err
+	}
+}
+
+// take returns and clears the first failure, and whether a batch was
+// recorded without one.
+func (o *outcomes) take() (ok bool, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ok, err = o.ok, o.err
+	o.err, o.ok = nil, false
+	return ok, err
 }
 
 func rejectedOf(c Claim) []Rejection {
@@ -487,101 +653,4 @@ func rejectedOf(c Claim) []Rejection {
 func isTruncated(c Claim) bool {
 	t, ok := c.(Truncated)
 	return ok && t.Truncated()
-}
-
-type outcome struct {
-	id   int64
-	err  error
-	skip bool // not attempted: an earlier event of its aggregate failed
-}
-
-// publishBatch publishes events on parallel lanes. In ordered mode an
-// aggregate's events share a lane and go out in id order; after one fails,
-// the rest of that aggregate in this batch is left pending.
-func (r *Relay) publishBatch(ctx context.Context, events []Event) (done []int64, failed []Failure) {
-	lanes := r.opts.Lanes
-	if lanes > len(events) {
-		lanes = len(events)
-	}
-	perLane := make([][]int, lanes)
-	for i := range events {
-		var l int
-		if r.opts.Unordered {
-			l = i % lanes
-		} else {
-			l = laneOf(events[i].AggregateID, lanes)
-		}
-		perLane[l] = append(perLane[l], i)
-	}
-	results := make([]outcome, len(events))
-	var wg sync.WaitGroup
-	for _, idx := range perLane {
-		if len(idx) == 0 {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.runLane(ctx, events, idx, results)
-		}()
-	}
-	wg.Wait()
-
-	now := time.Now()
-	for i, res := range results {
-		switch {
-		case res.skip:
-		case res.err == nil:
-			done = append(done, res.id)
-		case ctx.Err() != nil && errors.Is(res.err, ctx.Err()):
-			// Cancelled by a hard stop: not the event's fault; leave it pending.
-		default:
-			f := Failure{ID: res.id, Reason: res.err.Error()}
-			if !IsPermanent(res.err) {
-				f.RetryAt = now.Add(r.opts.RetryBackoff.Delay(events[i].Attempts))
-			}
-			failed = append(failed, f)
-		}
-	}
-	return done, failed
-}
-
-func (r *Relay) runLane(ctx context.Context, events []Event, idx []int, results []outcome) {
-	var blocked map[string]bool
-	for _, i := range idx {
-		e := &events[i]
-		results[i].id = e.ID
-		if blocked[e.AggregateID] || ctx.Err() != nil {
-			results[i].skip = true
-			continue
-		}
-		start := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
-		err := r.pub.Publish(pctx, e)
-		cancel()
-		r.obs.Published(e, time.Since(start), err)
-		results[i].err = err
-		if err == nil {
-			continue
-		}
-		r.log.Warn("publish failed", "event_id", e.ID, "event_uid", e.UID, "aggregate_id", e.AggregateID,
-			"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
-		if !r.opts.Unordered {
-			if blocked == nil {
-				blocked = make(map[string]bool)
-			}
-			blocked[e.AggregateID] = true
-		}
-	}
-}
-
-// laneOf hashes the aggregate id with FNV-1a, inline so the batch loop
-// does not allocate a hasher per event.
-func laneOf(aggregateID string, lanes int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(aggregateID); i++ {
-		h ^= uint32(aggregateID[i])
-		h *= 16777619
-	}
-	return int(h % uint32(lanes))
 }

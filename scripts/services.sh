@@ -6,11 +6,22 @@
 # With OUTBOX_SERVICES_ENV set to a file name, the variables are also written
 # there (for a shell that keeps servers running: scripts/services.sh sleep 3600 &).
 # Missing server packages are installed with apt-get when running as root.
-# Usage: scripts/services.sh [--no-rabbitmq] command args...
+# A throwaway PostgreSQL runs with fsync off, which is fine for tests; with
+# --durable it keeps production durability (fsync, synchronous_commit and
+# full_page_writes on, as PostgreSQL ships), for benchmarks; then
+# OUTBOX_TEST_DATABASE_URL is not used (it usually names a test server with
+# fsync off) and OUTBOX_DURABLE_DATABASE_URL may name a durable server.
+# Usage: scripts/services.sh [--no-rabbitmq] [--durable] command args...
 set -euo pipefail
 
-want_rabbit=1
-if [ "${1:-}" = "--no-rabbitmq" ]; then want_rabbit=0; shift; fi
+want_rabbit=1 durable=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-rabbitmq) want_rabbit=0; shift ;;
+    --durable) durable=1; shift ;;
+    *) break ;;
+  esac
+done
 [ "${OUTBOX_TEST_AMQP_URL:-}" = "none" ] && want_rabbit=0
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -74,15 +85,20 @@ start_postgres() {
   as_pg "$pgbin/initdb" -D "$tmp/pg" -U postgres -A trust --no-sync -E UTF8 >"$tmp/initdb.log" 2>&1 ||
     { cat "$tmp/initdb.log" >&2; exit 1; }
   # fsync off: a throwaway server; commits stay synchronous so a restart
-  # of the server keeps every acknowledged commit.
+  # of the server keeps every acknowledged commit. --durable states the
+  # shipped settings explicitly, so a changed default cannot creep in.
+  local durability="-c fsync=off -c full_page_writes=off"
+  [ "$durable" = 1 ] && durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
   as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -l "$tmp/pgsock/pg.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock -c fsync=off -c full_page_writes=off -c max_connections=300" \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock $durability -c max_connections=300" \
     start >/dev/null || { cat "$tmp/pgsock/pg.log" >&2; exit 1; }
   pg_started=1
   "$pgbin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE outbox_test" >/dev/null
   export OUTBOX_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/outbox_test?sslmode=disable"
   export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg"
-  log "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port"
+  local kind="fsync off"
+  [ "$durable" = 1 ] && kind="production durability"
+  log "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port ($kind)"
 }
 
 rabbit_env() {
@@ -118,7 +134,15 @@ start_rabbitmq() {
   log "RabbitMQ on 127.0.0.1:$port"
 }
 
-[ -n "${OUTBOX_TEST_DATABASE_URL:-}" ] || start_postgres
+if [ "$durable" = 1 ]; then
+  if [ -n "${OUTBOX_DURABLE_DATABASE_URL:-}" ]; then
+    export OUTBOX_TEST_DATABASE_URL="$OUTBOX_DURABLE_DATABASE_URL"
+  else
+    start_postgres
+  fi
+elif [ -z "${OUTBOX_TEST_DATABASE_URL:-}" ]; then
+  start_postgres
+fi
 if [ "$want_rabbit" = 1 ] && [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then start_rabbitmq; fi
 
 if [ -n "${OUTBOX_SERVICES_ENV:-}" ]; then

@@ -67,9 +67,11 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	running := `SELECT id, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY id) AS total FROM cand`
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
-	// retry. Then, per aggregate in the claim, the first pending event the
-	// claim did not get (locked by another relay, or past the batch) blocks
-	// the aggregate from that event on. The probe walks the aggregate's
+	// retry. Then, per aggregate in the claim, the first pending event
+	// neither in the claim nor in the caller's in-flight list ($4: events
+	// of its own open claims, which it publishes first) blocks the
+	// aggregate from that event on: one locked by another relay, one past
+	// the batch, or one of the caller's whose publish failed. The probe walks the aggregate's
 	// index from its earliest pending event and stops there, so its cost
 	// follows the batch, however hot an aggregate is and however many
 	// dispatched rows the table keeps.
@@ -84,12 +86,14 @@ WITH held AS (
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), mine AS MATERIALIZED (
+    SELECT id FROM cand UNION ALL SELECT unnest($4::bigint[])
 ), gate AS MATERIALIZED (
     SELECT a.aggregate_id, (
         SELECT p.id FROM ` + n.Outbox + ` p
         WHERE p.aggregate_id = a.aggregate_id
           AND p.dispatched_at IS NULL AND p.parked_at IS NULL
-          AND p.id NOT IN (SELECT id FROM cand)
+          AND p.id NOT IN (SELECT id FROM mine)
         ORDER BY p.id
         LIMIT 1
     ) AS first_out
@@ -146,15 +150,15 @@ func (s *Store) Ping(ctx context.Context) error {
 // like a permanent publish failure. In ordered mode the later events of its
 // aggregate stay out of the claim.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
-	q := s.claimOrdered
+	q, args := s.claimOrdered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, req.InFlight}
 	if req.Unordered {
-		q = s.claimUnordered
+		q, args = s.claimUnordered, args[:3]
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin claim: %w", err)
 	}
-	rows, err := tx.Query(ctx, q, req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes)
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)

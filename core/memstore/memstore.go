@@ -1,6 +1,6 @@
 // Package memstore is an in-memory core.Store with the same claiming rules
 // as the PostgreSQL store: disjoint claims, id order, the per-aggregate gate
-// in ordered mode and retry times. It is for tests of the relay engine and of
+// in ordered mode (with the caller's events in flight) and retry times. It is for tests of the relay engine and of
 // code built on it; it keeps nothing across restarts.
 package memstore
 
@@ -122,6 +122,15 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	if s.claimErr != nil {
 		return nil, s.claimErr
 	}
+	// Events the caller has in flight count as its own for the gate; they
+	// must be in open claims, as only the caller's own may be listed.
+	inFlight := make(map[int64]bool, len(req.InFlight))
+	for _, id := range req.InFlight {
+		if !s.claimed[id] {
+			return nil, fmt.Errorf("claim: in-flight event %d is not in an open claim", id)
+		}
+		inFlight[id] = true
+	}
 	now := time.Now()
 	ids := make([]int64, 0, len(s.rows))
 	for id, r := range s.rows {
@@ -141,6 +150,9 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		agg := r.ev.AggregateID
 		available := !s.claimed[id] && (r.retryAt == nil || (!r.retryAt.IsZero() && !r.retryAt.After(now)))
 		if !req.Unordered && blocked[agg] {
+			continue
+		}
+		if inFlight[id] {
 			continue
 		}
 		if !available {

@@ -1,0 +1,347 @@
+package core
+
+import (
+	"sync"
+	"time"
+)
+
+// The relay streams: one claim loop keeps up to Options.Claimers claims
+// open, their events wait in the lanes' queues, Options.Lanes workers
+// publish them, and each claim is recorded, in its own transaction, as soon
+// as the last of its events is resolved. No claim waits for another: the
+// next batch is claimed while the last is published and the one before it
+// is recorded.
+//
+// In ordered mode each aggregate has its own queue and at most one of its
+// events is published at a time, in claim order. The store's gate keeps an
+// aggregate's events in claims of one relay at a time; within the relay,
+// the claim loop tells the store which events it has in flight (InFlight of
+// ClaimRequest), so a newer claim may take the next events of an aggregate
+// whose earlier ones are still queued here: they are queued behind them.
+
+// state is what became of one claimed event.
+type state uint8
+
+const (
+	stQueued     state = iota // waiting for a lane
+	stPublishing              // a lane is publishing it
+	stPublished               // the broker has it; recorded when its claim is
+	stFailed                  // the publish failed; recorded as a failure
+	stLeft                    // not attempted, or cancelled: stays pending
+)
+
+// batch is one open claim and the fate of each of its events.
+type batch struct {
+	seq       uint64 // claims are numbered in the order they were made
+	claim     Claim
+	events    []Event
+	rejected  []Rejection
+	states    []state
+	errs      []error // the publish error of each failed event
+	remaining int     // events not yet resolved
+	next      pace
+}
+
+// item is one event of a batch waiting in a queue.
+type item struct {
+	b *batch
+	i int
+}
+
+// queue holds one aggregate's waiting events (ordered mode), or every
+// waiting event (unordered mode).
+type queue struct {
+	key     string
+	items   []item // FIFO; head at items[0]
+	busy    bool   // ordered: one of its events is being published
+	busyB   *batch // the batch of that event
+	since   time.Time
+	inReady bool
+}
+
+// lanes is the relay's scheduler: queues of claimed events, the workers'
+// ready list, and the set of open batches.
+type lanes struct {
+	ordered bool
+
+	mu      sync.Mutex
+	cond    *sync.Cond // a queue became ready, or the lanes closed
+	queues  map[string]*queue
+	all     *queue   // unordered: the one queue
+	ready   []*queue // queues with an event to publish and no busy lane
+	waiting int      // events queued, not yet taken by a lane
+	open    map[*batch]bool
+	closed  bool
+	// claimSeq is the number of the claim made last (or being made).
+	claimSeq uint64
+	// cutFrom holds, per aggregate, a claim number: events of that
+	// aggregate from earlier claims are left pending when they arrive.
+	// It is set when an aggregate's publish fails or stalls while a claim
+	// that counted its events in flight may still be running.
+	cutFrom map[string]uint64
+	// stalled aggregates are not offered as in flight to new claims until
+	// their slow publish returns, so their later events are not claimed
+	// only to be let go again.
+	stalled map[string]bool
+	// drop is called with batches that the lanes resolved completely.
+	drop func(*batch)
+	// roomBelow: kick is signalled when waiting falls below it.
+	roomBelow int
+	kick      chan struct{}
+}
+
+func newLanes(ordered bool, roomBelow int, drop func(*batch)) *lanes {
+	l := &lanes{
+		ordered: ordered, queues: map[string]*queue{}, open: map[*batch]bool{},
+		cutFrom: map[string]uint64{}, stalled: map[string]bool{},
+		drop: drop, roomBelow: roomBelow, kick: make(chan struct{}, 1),
+		all: &queue{},
+	}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *lanes) signal() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// startClaim numbers the claim about to be made and returns the events in
+// flight that it may count as its own for the gate: those queued, being
+// published or published, except for stalled aggregates. Failed and
+// let-go events are left out, so the gate holds their aggregates back.
+func (l *lanes) startClaim() (seq uint64, inFlight []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.claimSeq++
+	if !l.ordered {
+		return l.claimSeq, nil
+	}
+	for b := range l.open {
+		for i := range b.events {
+			switch b.states[i] {
+			case stQueued, stPublishing, stPublished:
+				if !l.stalled[b.events[i].AggregateID] {
+					inFlight = append(inFlight, b.events[i].ID)
+				}
+			}
+		}
+	}
+	return l.claimSeq, inFlight
+}
+
+// add queues a claimed batch. Its rejected rows are resolved as failures
+// by the caller. It returns false when the batch needs no lane at all.
+func (l *lanes) add(b *batch) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.open[b] = true
+	for i := range b.events {
+		q := l.all
+		if l.ordered {
+			key := b.events[i].AggregateID
+			if from, ok := l.cutFrom[key]; ok && b.seq < from {
+				b.states[i] = stLeft
+				b.remaining--
+				continue
+			}
+			if q = l.queues[key]; q == nil {
+				q = &queue{key: key}
+				l.queues[key] = q
+			}
+		}
+		q.items = append(q.items, item{b, i})
+		l.waiting++
+		if !q.busy && !q.inReady {
+			q.inReady = true
+			l.ready = append(l.ready, q)
+		}
+	}
+	// Entries no claim still running can be affected by are spent.
+	for key, from := range l.cutFrom {
+		if from <= b.seq+1 {
+			delete(l.cutFrom, key)
+		}
+	}
+	l.cond.Broadcast()
+	return b.remaining > 0
+}
+
+// take blocks until an event is ready to publish and marks it publishing;
+// false means the lanes are closed.
+func (l *lanes) take() (item, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.ready) == 0 && !l.closed {
+		l.cond.Wait()
+	}
+	if len(l.ready) == 0 {
+		return item{}, false
+	}
+	q := l.ready[0]
+	l.ready[0] = nil
+	l.ready = l.ready[1:]
+	it := q.items[0]
+	q.items[0] = item{}
+	q.items = q.items[1:]
+	l.waiting--
+	if l.waiting == l.roomBelow-1 {
+		l.signal()
+	}
+	it.b.states[it.i] = stPublishing
+	if l.ordered {
+		q.busy, q.busyB, q.since, q.inReady = true, it.b, time.Now(), false
+	} else if len(q.items) > 0 {
+		// Unordered: other lanes take the next events at once.
+		l.ready = append(l.ready, q)
+	} else {
+		q.inReady = false
+	}
+	return it, true
+}
+
+// finish records the outcome of a publish: err nil for published, cancel
+// for one cut off by a hard stop (left pending). In ordered mode a failure
+// lets the aggregate's queued events go, so none passes the failed one.
+func (l *lanes) finish(it item, err error, cancel bool) {
+	var resolved []*batch
+	l.mu.Lock()
+	b := it.b
+	switch {
+	case cancel:
+		b.states[it.i] = stLeft
+	case err != nil:
+		b.states[it.i] = stFailed
+		b.errs[it.i] = err
+	default:
+		b.states[it.i] = stPublished
+	}
+	if done := l.resolve(b); done {
+		resolved = append(resolved, b)
+	}
+	if l.ordered {
+		key := b.events[it.i].AggregateID
+		q := l.queues[key]
+		q.busy, q.busyB = false, nil
+		delete(l.stalled, key)
+		if err != nil || cancel {
+			resolved = append(resolved, l.letGo(q, 0)...)
+			l.cutFrom[key] = l.claimSeq + 1
+		}
+		if len(q.items) > 0 {
+			q.inReady = true
+			l.ready = append(l.ready, q)
+			l.cond.Signal()
+		} else {
+			delete(l.queues, key)
+		}
+	}
+	l.mu.Unlock()
+	for _, b := range resolved {
+		l.drop(b)
+	}
+}
+
+// resolve counts one event of b as resolved; true when it was the last.
+// Callers hold mu.
+func (l *lanes) resolve(b *batch) bool {
+	b.remaining--
+	return b.remaining == 0
+}
+
+// letGo leaves pending every queued event of q from position from on, and
+// returns the batches this resolved completely. Callers hold mu.
+func (l *lanes) letGo(q *queue, from int) []*batch {
+	var resolved []*batch
+	for _, it := range q.items[from:] {
+		it.b.states[it.i] = stLeft
+		l.waiting--
+		if l.resolve(it.b) {
+			resolved = append(resolved, it.b)
+		}
+	}
+	clear(q.items[from:])
+	q.items = q.items[:from]
+	if l.waiting < l.roomBelow {
+		l.signal()
+	}
+	return resolved
+}
+
+// relieve lets go the queued events that hold a batch open only because an
+// earlier event of their aggregate, from an older batch, has been
+// publishing for longer than after: that batch can then be recorded, and
+// the aggregate takes no new events until the slow publish returns. The
+// relay calls it when every claim it may open is open.
+func (l *lanes) relieve(after time.Duration) {
+	if !l.ordered {
+		return // no event waits for another
+	}
+	var resolved []*batch
+	l.mu.Lock()
+	now := time.Now()
+	for key, q := range l.queues {
+		if !q.busy || now.Sub(q.since) < after {
+			continue
+		}
+		for i, it := range q.items {
+			if it.b != q.busyB {
+				resolved = append(resolved, l.letGo(q, i)...)
+				l.stalled[key] = true
+				l.cutFrom[key] = l.claimSeq + 1
+				break
+			}
+		}
+	}
+	l.mu.Unlock()
+	for _, b := range resolved {
+		l.drop(b)
+	}
+}
+
+// letGoAll leaves every queued event pending, as a stop does: what is
+// being published finishes, the rest is for the next relay.
+func (l *lanes) letGoAll() {
+	var resolved []*batch
+	l.mu.Lock()
+	for key, q := range l.queues {
+		resolved = append(resolved, l.letGo(q, 0)...)
+		if !q.busy {
+			delete(l.queues, key)
+		}
+	}
+	resolved = append(resolved, l.letGo(l.all, 0)...)
+	l.ready = l.ready[:0]
+	for _, q := range l.queues {
+		q.inReady = false
+	}
+	l.all.inReady = false
+	l.mu.Unlock()
+	for _, b := range resolved {
+		l.drop(b)
+	}
+}
+
+// closeBatch forgets a batch once its claim has ended.
+func (l *lanes) closeBatch(b *batch) {
+	l.mu.Lock()
+	delete(l.open, b)
+	l.mu.Unlock()
+}
+
+// queuedCount is how many events wait for a lane.
+func (l *lanes) queuedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting
+}
+
+// close stops the workers once they are idle.
+func (l *lanes) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
