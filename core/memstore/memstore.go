@@ -122,14 +122,12 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	if s.claimErr != nil {
 		return nil, s.claimErr
 	}
-	// Events the caller has in flight count as its own for the gate; they
-	// must be in open claims, as only the caller's own may be listed.
+	// Events the caller has in flight count as its own for the gate while
+	// they are in an open claim; one whose claim has ended since the caller
+	// listed it is pending like any other, or dispatched.
 	inFlight := make(map[int64]bool, len(req.InFlight))
 	for _, id := range req.InFlight {
-		if !s.claimed[id] {
-			return nil, fmt.Errorf("claim: in-flight event %d is not in an open claim", id)
-		}
-		inFlight[id] = true
+		inFlight[id] = s.claimed[id]
 	}
 	now := time.Now()
 	ids := make([]int64, 0, len(s.rows))

@@ -1,6 +1,7 @@
 // Package storetest is a conformance suite for core.Store implementations:
 // disjoint claims, transactional production, delivery after a crash,
-// recorded failures and the per-aggregate gate of ordered mode. A store
+// recorded failures and the per-aggregate gate of ordered mode, with the
+// caller's events in flight. A store
 // package runs it from its own tests with a Harness that creates stores:
 //
 //	func TestConformance(t *testing.T) { storetest.Run(t, myHarness{}) }
@@ -61,6 +62,7 @@ func Run(t *testing.T, h Harness) {
 		{"RetryAtDelaysClaim", testRetryAt},
 		{"ZeroRetryAtHolds", testZeroRetryAtHolds},
 		{"OrderedGateOpenClaim", testGateOpenClaim},
+		{"OrderedGateInFlight", testGateInFlight},
 		{"OrderedGateHeldEvent", func(t *testing.T, in Instance) { testGateHeld(t, in, time.Time{}) }},
 		{"OrderedGateRetryingEvent", func(t *testing.T, in Instance) { testGateHeld(t, in, time.Now().Add(time.Hour)) }},
 	}
@@ -617,4 +619,51 @@ func testGateHeld(t *testing.T, in Instance, retryAt time.Time) {
 		t.Fatalf("unordered claim = %v, want %v: the gate does not apply", got, want)
 	}
 	release(ctx, t, c)
+}
+
+// testGateInFlight: events the caller lists as in flight (its own open
+// claims) count as part of a new claim for the gate, so the claim takes the
+// next events of their aggregate; an earlier event left off the list (its
+// publish failed) still holds the aggregate back.
+func testGateInFlight(t *testing.T, in Instance) {
+	ctx := testCtx(t)
+	evs := produce(ctx, t, in, aggX, aggX, aggY, aggX, aggZ, aggX)
+	a := claim(ctx, t, in, 2, false)
+	if got := ids(a.Events()); !slices.Equal(got, ids(evs[:2])) {
+		t.Fatalf("claim A = %v, want the first two events of X %v", got, ids(evs[:2]))
+	}
+	inFlight := func(req core.ClaimRequest) core.Claim {
+		t.Helper()
+		c, err := in.Store().Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("claim with events in flight: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Release(context.WithoutCancel(ctx)) })
+		return c
+	}
+
+	b := inFlight(core.ClaimRequest{Limit: 100, InFlight: ids(a.Events())})
+	want := []int64{evs[2].ID, evs[3].ID, evs[4].ID, evs[5].ID}
+	if got := ids(b.Events()); !slices.Equal(got, want) {
+		t.Fatalf("claim B with A's events in flight = %v, want the rest of X with Y and Z %v", got, want)
+	}
+	release(ctx, t, b)
+
+	// X's second event failed: listed without it, X stays back.
+	b = inFlight(core.ClaimRequest{Limit: 100, InFlight: ids(a.Events()[:1])})
+	want = []int64{evs[2].ID, evs[4].ID}
+	if got := ids(b.Events()); !slices.Equal(got, want) {
+		t.Fatalf("claim B with only X's first event in flight = %v, want Y and Z only %v", got, want)
+	}
+	release(ctx, t, b)
+
+	// In flight, events stay in their claim: a new claim never returns them.
+	b = inFlight(core.ClaimRequest{Limit: 100, Unordered: true, InFlight: ids(a.Events())})
+	for _, id := range ids(b.Events()) {
+		if id == evs[0].ID || id == evs[1].ID {
+			t.Fatalf("unordered claim with A's events in flight returned A's event %d", id)
+		}
+	}
+	release(ctx, t, b)
+	release(ctx, t, a)
 }
