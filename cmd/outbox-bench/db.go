@@ -90,9 +90,10 @@ func (b *bench) fill(ctx context.Context, cfg store.Config, n int) error {
 func (b *bench) fillSized(ctx context.Context, cfg store.Config, n, size int) error {
 	start := time.Now()
 	pad := strings.Repeat("x", max(0, size-40))
-	q := `INSERT INTO ` + outboxTable(cfg) + ` (uid, aggregate_id, type, payload)
-SELECT gen_random_uuid(),
-       ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
+	// uid takes the table's default, a time-ordered UUID as producers
+	// write: random ones would scatter the unique index's inserts.
+	q := `INSERT INTO ` + outboxTable(cfg) + ` (aggregate_id, type, payload)
+SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
        'bench.event',
        json_build_object('n', g, 'pad', $4::text)
 FROM generate_series($1::bigint, $2::bigint) AS g`

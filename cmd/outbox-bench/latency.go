@@ -34,13 +34,25 @@ func (s *stamps) commit(uid string, t time.Time) {
 }
 
 func (s *stamps) Publish(_ context.Context, e *core.Event) error {
-	t := time.Now()
+	s.arrive(e.UID, time.Now())
+	return nil
+}
+
+// arrive records the first time an event arrived.
+func (s *stamps) arrive(uid string, t time.Time) {
 	s.mu.Lock()
-	if _, dup := s.published[e.UID]; !dup {
-		s.published[e.UID] = t
+	if _, dup := s.published[uid]; !dup {
+		s.published[uid] = t
 	}
 	s.mu.Unlock()
-	return nil
+}
+
+// reset forgets everything recorded so far.
+func (s *stamps) reset() {
+	s.mu.Lock()
+	clear(s.committed)
+	clear(s.published)
+	s.mu.Unlock()
 }
 
 func (s *stamps) Close() error { return nil }
@@ -200,7 +212,7 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	committed := func() int64 { c, p := rec.counts(); return p - c } // reaches 0 when all are out
 	waitCount(ctx, committed, 0, 3*time.Second+opts.PollInterval)
 	lat, missing := rec.latencies()
-	row := latencyRow{Rate: rate, Wakeups: wakeups, Events: len(lat), Missing: missing,
+	row := latencyRow{Rate: rate, Wakeups: wakeups, Path: "in process", Events: len(lat), Missing: missing,
 		P50: percentile(lat, 50), P99: percentile(lat, 99), Max: percentile(lat, 100)}
 	if el := last.Sub(start); el > 0 {
 		row.Achieved = float64(len(lat)+missing) / el.Seconds()
@@ -210,6 +222,25 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 }
 
 func (b *bench) latencySection(ctx context.Context, rep *report) error {
+	brokers, skipped := b.e2eBrokers()
+	defer func() {
+		for _, br := range brokers {
+			br.close()
+		}
+	}()
+	rep.Latency = append(rep.Latency, skipped...)
+	for _, br := range brokers {
+		b.settle(ctx)
+		row, err := b.e2eRun(ctx, br, 1000)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			b.log.Warn("end-to-end latency not measured", "broker", br.name, "error", err)
+			row = latencyRow{Rate: 1000, Wakeups: true, Path: br.name, Note: "not measured: " + err.Error()}
+		}
+		rep.Latency = append(rep.Latency, row)
+	}
 	for _, wakeups := range []bool{true, false} {
 		for _, rate := range []int{100, 1000, 5000} {
 			b.settle(ctx)

@@ -34,9 +34,11 @@ type config struct {
 	ReplicaLoad  int           // scale: backlog shared by replicas
 	Aggregates   int           // distinct aggregate ids in generated backlogs
 	PayloadBytes int           // size of each generated payload
-	BatchSize    int           // relay and floor batch size
-	Lanes        int           // relay lanes
-	Claimers     int           // relay claim loops
+	BatchSize    int           // relay and floor batch size; 0: the relay's default
+	Lanes        int           // relay lanes; 0: the relay's default
+	Claimers     int           // relay open claims; 0: the relay's default
+	Outbox       string        // the outbox binary, for the rows that run it
+	Watermill    bool          // drain with Watermill's forwarder too
 	DrainCap     time.Duration // upper bound on one drain
 	Repeat       int           // rounds of the drain comparison; the best counts
 	BigDrainCap  time.Duration // upper bound on the large-backlog drain
@@ -54,7 +56,7 @@ type config struct {
 func defaults(quick bool) config {
 	c := config{
 		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000, LargeRows: 300,
-		Aggregates: 10_000, PayloadBytes: 128, BatchSize: 1000, Lanes: 16, Claimers: 2,
+		Aggregates: 10_000, PayloadBytes: 128, Watermill: true,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
 	}
@@ -71,6 +73,9 @@ func defaults(quick bool) config {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == childCommand {
 		os.Exit(runChild(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == consumeCommand {
+		os.Exit(runConsume(os.Args[2:]))
 	}
 	quick := false
 	for _, a := range os.Args[1:] {
@@ -89,9 +94,11 @@ func main() {
 	fs.IntVar(&c.ReplicaLoad, "replica-backlog", c.ReplicaLoad, "scale: backlog drained by 1, 2 and 4 replicas")
 	fs.IntVar(&c.Aggregates, "aggregates", c.Aggregates, "distinct aggregate ids in generated backlogs")
 	fs.IntVar(&c.PayloadBytes, "payload", c.PayloadBytes, "bytes per generated payload")
-	fs.IntVar(&c.BatchSize, "batch", c.BatchSize, "relay and floor batch size (relay option BatchSize)")
-	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "relay option Lanes")
-	fs.IntVar(&c.Claimers, "claimers", c.Claimers, "relay option Claimers (the binary's relay.claimers, default 2)")
+	fs.IntVar(&c.BatchSize, "batch", c.BatchSize, "library relay and floor batch size (relay option BatchSize; 0: its default)")
+	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "library relay option Lanes (0: its default)")
+	fs.IntVar(&c.Claimers, "claimers", c.Claimers, "library relay option Claimers (0: its default)")
+	fs.StringVar(&c.Outbox, "outbox", "", "the outbox binary (go build ./cmd/outbox) for the rows that run `outbox relay`")
+	fs.BoolVar(&c.Watermill, "watermill", c.Watermill, "drain with Watermill's forwarder too")
 	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
 	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")
