@@ -384,7 +384,6 @@ func (r *Relay) ready(ctx context.Context) bool {
 	}
 }
 
-
 // stallAfter is how long an aggregate's publish may take before the
 // events queued behind it, from newer claims, are let go so their claims
 // can be recorded; next to it a normal publish is short.

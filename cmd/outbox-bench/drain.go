@@ -398,7 +398,9 @@ func (b *bench) drainSection(ctx context.Context, rep *report) error {
 		}
 	}
 	binary := func(name string, unordered bool) func(store.Config) (rate, error) {
-		return func(cfg store.Config) (rate, error) { return b.binaryDrain(ctx, name, cfg, n, unordered, b.cfg.DrainCap) }
+		return func(cfg store.Config) (rate, error) {
+			return b.binaryDrain(ctx, name, cfg, n, unordered, b.cfg.DrainCap)
+		}
 	}
 	drainers := []func() (rate, error){
 		func() (rate, error) {
