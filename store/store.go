@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -29,6 +30,51 @@ type Store struct {
 
 	claimOrdered, claimUnordered string
 	markDone, markFailed         string
+	from                         scanFrom
+}
+
+// scanFrom is where claims start their scan of pending ids while a
+// backlog drains. Marking an event dispatched leaves its entry in the
+// pending index until VACUUM, so a scan from the lowest id walks every
+// entry dispatched since the last one, and a claim over a large drained
+// backlog slows down with it. While claims come back full, each one starts
+// at the first id the last full scan from the bottom found; every
+// scanFromFor, and after any claim that was not full, the scan starts from
+// the bottom again. An event that becomes claimable below the start (a
+// producer transaction that committed late, an event released by a relay
+// that stopped, a retry come due) waits at most that long, and the ordered
+// gate, which never uses the start, keeps its aggregate's later events
+// back meanwhile: the start only ever delays, never reorders or skips.
+type scanFrom struct {
+	mu    sync.Mutex
+	id    int64
+	since time.Time
+}
+
+// scanFromFor bounds how long claims start above the bottom.
+const scanFromFor = 250 * time.Millisecond
+
+// get returns the id to start from; 0 scans from the bottom.
+func (f *scanFrom) get() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.id == 0 || time.Since(f.since) >= scanFromFor {
+		return 0
+	}
+	return f.id
+}
+
+// claimed records a claim that started at from, whether its candidates
+// filled the batch, and its first candidate's id.
+func (f *scanFrom) claimed(from int64, full bool, first int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case !full:
+		f.id = 0
+	case from == 0:
+		f.id, f.since = first, time.Now()
+	}
 }
 
 var (
@@ -68,7 +114,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
 	// retry. Then, per aggregate in the claim, the first pending event
-	// neither in the claim nor in the caller's in-flight list ($4: events
+	// neither in the claim nor in the caller's in-flight list ($5: events
 	// of its own open claims, which it publishes first) blocks the
 	// aggregate from that event on: one locked by another relay, one past
 	// the batch, or one of the caller's whose publish failed. The probe walks the aggregate's
@@ -81,13 +127,13 @@ WITH held AS (
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
 ), cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + `
+    WHERE ` + pending + ` AND id >= $4
       AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), mine AS MATERIALIZED (
-    SELECT id FROM cand UNION ALL SELECT unnest($4::bigint[])
+    SELECT id FROM cand UNION ALL SELECT unnest($5::bigint[])
 ), gate AS MATERIALIZED (
     SELECT a.aggregate_id, (
         SELECT p.id FROM ` + n.Outbox + ` p
@@ -106,7 +152,7 @@ ORDER BY c.id`
 	unordered := `
 WITH cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + `
+    WHERE ` + pending + ` AND id >= $4
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -150,9 +196,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // like a permanent publish failure. In ordered mode the later events of its
 // aggregate stay out of the claim.
 func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
-	q, args := s.claimOrdered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, req.InFlight}
+	from := s.from.get()
+	q, args := s.claimOrdered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from, req.InFlight}
 	if req.Unordered {
-		q, args = s.claimUnordered, args[:3]
+		q, args = s.claimUnordered, args[:4]
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -167,6 +214,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	// an error, a huge one must not allocate up front.
 	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
 	var rejectedAggs map[string]bool
+	candidates, first := 0, int64(0)
 	for rows.Next() {
 		var (
 			e              core.Event
@@ -179,6 +227,10 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
 		}
+		if candidates == 0 {
+			first = e.ID
+		}
+		candidates++
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
@@ -204,6 +256,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
+	s.from.claimed(from, candidates >= req.Limit, first)
 	if len(c.events) == 0 && len(c.rejected) == 0 {
 		// Hold no transaction for an empty claim.
 		if err := tx.Rollback(ctx); err != nil {
