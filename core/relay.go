@@ -16,13 +16,15 @@ import (
 type Options struct {
 	BatchSize int // events per claim; default 500, at most MaxBatchSize
 	// Lanes is how many events are published at once, across the open
-	// claims; in ordered mode each aggregate has one at a time. Default
-	// 16, at most MaxLanes.
+	// claims; in ordered mode each aggregate has one at a time. A broker
+	// that answers each publish on its own (Kafka, Pub/Sub) goes as fast
+	// as the publishes in flight allow, so this is the setting to raise
+	// for it. Default 64, at most MaxLanes.
 	Lanes int
 	// Claimers is how many claims (batches) may be open at once: while one
 	// is published, the next is claimed and the last is recorded. Each open
 	// claim holds a database transaction and connection until its every
-	// event is resolved. Default 2, at most MaxClaimers.
+	// event is resolved. Default 4, at most MaxClaimers.
 	Claimers       int
 	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
 	PublishTimeout time.Duration // bound on one publish; default 30s
@@ -100,8 +102,8 @@ func (o Options) WithDefaults() (Options, error) {
 		}
 	}
 	def(&o.BatchSize, 500)
-	def(&o.Lanes, 16)
-	def(&o.Claimers, 2)
+	def(&o.Lanes, 64)
+	def(&o.Claimers, 4)
 	defDur(&o.PollInterval, time.Second)
 	defDur(&o.PublishTimeout, 30*time.Second)
 	defDur(&o.ShutdownTimeout, 30*time.Second)

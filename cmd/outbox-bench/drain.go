@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -402,27 +403,36 @@ func (b *bench) drainSection(ctx context.Context, rep *report) error {
 			return b.binaryDrain(ctx, name, cfg, n, unordered, b.cfg.DrainCap)
 		}
 	}
-	drainers := []func() (rate, error){
-		func() (rate, error) {
-			return withBacklog("floor", func(cfg store.Config) (rate, error) { return b.floorDrain(ctx, cfg, n, b.cfg.DrainCap) })
-		},
-		func() (rate, error) { return withBacklog("binord", binary(nameBinaryOrdered, false)) },
-		func() (rate, error) { return withBacklog("binunord", binary(nameBinaryUnordered, true)) },
-		func() (rate, error) { return withBacklog("ordered", relay(nameOrdered, false)) },
-		func() (rate, error) { return withBacklog("unordered", relay(nameUnordered, true)) },
+	type drainer struct {
+		key   string
+		once  bool // measured in the first round only
+		drain func() (rate, error)
 	}
-	if b.cfg.Watermill {
-		drainers = append(drainers,
-			func() (rate, error) { return b.watermillDrain(ctx, false, n, b.cfg.DrainCap) },
-			func() (rate, error) { return b.watermillDrain(ctx, true, n, b.cfg.DrainCap) })
+	all := []drainer{
+		{"floor", false, func() (rate, error) {
+			return withBacklog("floor", func(cfg store.Config) (rate, error) { return b.floorDrain(ctx, cfg, n, b.cfg.DrainCap) })
+		}},
+		{"binary-ordered", false, func() (rate, error) { return withBacklog("binord", binary(nameBinaryOrdered, false)) }},
+		{"binary-unordered", false, func() (rate, error) { return withBacklog("binunord", binary(nameBinaryUnordered, true)) }},
+		{"library-ordered", false, func() (rate, error) { return withBacklog("ordered", relay(nameOrdered, false)) }},
+		{"library-unordered", false, func() (rate, error) { return withBacklog("unordered", relay(nameUnordered, true)) }},
+		// Watermill's figures are for scale, not a ratio to hold: once will do.
+		{"watermill-default", true, func() (rate, error) { return b.watermillDrain(ctx, false, n, b.cfg.DrainCap) }},
+		{"watermill-queue", true, func() (rate, error) { return b.watermillDrain(ctx, true, n, b.cfg.DrainCap) }},
+	}
+	var drainers []drainer
+	for _, d := range all {
+		if b.cfg.Drainers == "" || slices.Contains(strings.Split(b.cfg.Drainers, ","), d.key) {
+			drainers = append(drainers, d)
+		}
 	}
 	best := make([]rate, len(drainers))
 	for round := range b.cfg.Repeat {
 		for i, d := range drainers {
-			if round > 0 && i >= 5 {
-				break // Watermill's figures are for scale, not a ratio to hold: once will do
+			if round > 0 && d.once {
+				continue
 			}
-			r, err := d()
+			r, err := d.drain()
 			if err != nil {
 				return err
 			}
@@ -432,7 +442,7 @@ func (b *bench) drainSection(ctx context.Context, rep *report) error {
 		}
 	}
 	for i := range best {
-		if b.cfg.Repeat > 1 && i < 5 {
+		if b.cfg.Repeat > 1 && !drainers[i].once {
 			best[i].Note = fmt.Sprintf("best of %d; %s", b.cfg.Repeat, best[i].Note)
 		}
 	}

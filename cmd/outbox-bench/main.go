@@ -38,7 +38,7 @@ type config struct {
 	Lanes        int           // relay lanes; 0: the relay's default
 	Claimers     int           // relay open claims; 0: the relay's default
 	Outbox       string        // the outbox binary, for the rows that run it
-	Watermill    bool          // drain with Watermill's forwarder too
+	Drainers     string        // drain section: the drainers to run, by key; empty: all
 	DrainCap     time.Duration // upper bound on one drain
 	Repeat       int           // rounds of the drain comparison; the best counts
 	BigDrainCap  time.Duration // upper bound on the large-backlog drain
@@ -56,7 +56,7 @@ type config struct {
 func defaults(quick bool) config {
 	c := config{
 		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000, LargeRows: 300,
-		Aggregates: 10_000, PayloadBytes: 128, Watermill: true,
+		Aggregates: 10_000, PayloadBytes: 128,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
 	}
@@ -98,7 +98,7 @@ func main() {
 	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "library relay option Lanes (0: its default)")
 	fs.IntVar(&c.Claimers, "claimers", c.Claimers, "library relay option Claimers (0: its default)")
 	fs.StringVar(&c.Outbox, "outbox", "", "the outbox binary (go build ./cmd/outbox) for the rows that run `outbox relay`")
-	fs.BoolVar(&c.Watermill, "watermill", c.Watermill, "drain with Watermill's forwarder too")
+	fs.StringVar(&c.Drainers, "drainers", "", "drain section: run only these, separated by commas: floor, binary-ordered, binary-unordered, library-ordered, library-unordered, watermill-default, watermill-queue")
 	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
 	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")

@@ -166,7 +166,7 @@ func (c *Config) Validate() error {
 		bad("relay.claimers", "%d is not between 1 and %d", r.Claimers, core.MaxClaimers)
 	}
 	if int(c.Database.MaxConns) < r.Claimers+2 {
-		bad("database.max_conns", "%d is too few: each of relay.claimers %d holds one during a batch, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
+		bad("database.max_conns", "%d is too few: each of relay.claimers %d open claims holds one, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
 	}
 	for _, d := range []struct {
 		field string
@@ -289,7 +289,7 @@ func AddGlobalFlags(fs *pflag.FlagSet) {
 func AddRelayFlags(fs *pflag.FlagSet) {
 	fs.String("broker", "", "broker name: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
 	fs.Int("batch-size", 0, "events per claim (default 500)")
-	fs.Int("lanes", 0, "concurrent publishes per batch (default 16)")
+	fs.Int("lanes", 0, "concurrent publishes (default 64)")
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")
 	fs.Bool("no-wakeups", false, "poll only, no LISTEN/NOTIFY (for PgBouncer transaction pooling)")
 	fs.String("http-listen", "", "address for /metrics, /healthz and /readyz, such as :9090")

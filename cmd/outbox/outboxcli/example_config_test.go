@@ -39,7 +39,7 @@ func TestExampleConfigIsValid(t *testing.T) {
 	if len(k.Brokers) != 2 || a.Channels != 16 || g.ProjectID != "my-project" {
 		t.Errorf("broker sections not decoded: kafka %v, amqp channels %d, project %q", k.Brokers, a.Channels, g.ProjectID)
 	}
-	if c.Relay.Claimers != 2 || c.Routing.TopicPrefix != "prod." || c.HTTP.Listen != ":9090" {
+	if c.Relay.Claimers != 4 || c.Routing.TopicPrefix != "prod." || c.HTTP.Listen != ":9090" {
 		t.Errorf("example values not loaded: %+v", c.Relay)
 	}
 }
