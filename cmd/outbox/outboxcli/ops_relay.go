@@ -22,7 +22,7 @@ func init() {
 // Spans go to the global OpenTelemetry provider: a binary built on Main
 // sets it (otel.SetTracerProvider) with the exporter it wants; without one
 // the stored trace context is still forwarded as traceparent.
-func wrapTracing(e *env, pub core.Publisher) (core.Publisher, error) {
+func wrapTracing(e *app, pub core.Publisher) (core.Publisher, error) {
 	if !e.cfg.Tracing.Enabled {
 		return pub, nil
 	}
@@ -34,7 +34,7 @@ func wrapTracing(e *env, pub core.Publisher) (core.Publisher, error) {
 	})
 }
 
-func startRetention(ctx context.Context, e *env, st *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
+func startRetention(ctx context.Context, e *app, st *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
 	rt := e.cfg.Retention
 	if !rt.Enabled {
 		return nil, nil
