@@ -111,14 +111,7 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 	n := len(msgs)
 	ids, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	headers := make([]*string, n)
-	var trace map[string]string
-	if w.opts.Propagator != nil {
-		carrier := propagation.MapCarrier{}
-		w.opts.Propagator.Inject(ctx, carrier)
-		if len(carrier) > 0 {
-			trace = carrier
-		}
-	}
+	trace := w.trace(ctx)
 	for i, m := range msgs {
 		v, err := w.prepare(i, m, trace)
 		if err != nil {
@@ -133,9 +126,23 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 	return nil
 }
 
+// trace returns the trace context of ctx as headers, or nil.
+func (w *Writer) trace(ctx context.Context) map[string]string {
+	if w.opts.Propagator == nil {
+		return nil
+	}
+	carrier := propagation.MapCarrier{}
+	w.opts.Propagator.Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return nil
+	}
+	return carrier
+}
+
 type prepared struct {
 	id, agg, payload string
 	headers          *string
+	headerMap        map[string]string // the same headers, for LogWriter
 }
 
 var reservedHeaders = map[string]bool{
@@ -219,6 +226,7 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		}
 		s := string(b)
 		p.headers = &s
+		p.headerMap = h
 	}
 	return p, nil
 }

@@ -74,14 +74,16 @@ start_postgres() {
   as_pg "$pgbin/initdb" -D "$tmp/pg" -U postgres -A trust --no-sync -E UTF8 >"$tmp/initdb.log" 2>&1 ||
     { cat "$tmp/initdb.log" >&2; exit 1; }
   # fsync off: a throwaway server; commits stay synchronous so a restart
-  # of the server keeps every acknowledged commit.
+  # of the server keeps every acknowledged commit. wal_level=logical and
+  # the slots and senders for the log relay's tests, which run in
+  # parallel, each with a slot of its own.
   as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -l "$tmp/pgsock/pg.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock -c fsync=off -c full_page_writes=off -c max_connections=300" \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock -c fsync=off -c full_page_writes=off -c max_connections=300 -c wal_level=logical -c max_replication_slots=40 -c max_wal_senders=40" \
     start >/dev/null || { cat "$tmp/pgsock/pg.log" >&2; exit 1; }
   pg_started=1
   "$pgbin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE outbox_test" >/dev/null
   export OUTBOX_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/outbox_test?sslmode=disable"
-  export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg"
+  export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg" OUTBOX_TEST_WAL_LEVEL=logical
   log "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port"
 }
 

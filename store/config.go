@@ -106,6 +106,7 @@ type names struct {
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
 	EventIDFunc, NotifyFunc                            string
+	HandoffView, HandoffIdx                            string // migration 9: the log relay's table path
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -126,6 +127,8 @@ func (c Config) names() names {
 		NotifyTrigger:  ident(c.Table + "_notify"),
 		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
+		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
+		HandoffIdx:     ident(c.Table + "_handoff_agg"),
 		Channel:        c.NotifyChannel,
 		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}

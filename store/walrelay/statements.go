@@ -1,0 +1,115 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// statements are the relay's writes to the outbox table.
+type statements struct {
+	markDone   string // published rows, dispatched
+	diverted   string // aggregates with pending handed-off rows
+	pendingAgg string // whether one aggregate has some
+	handRow    string // a row of the table to the table path: pending, or held with a reason
+	insertMsg  string // a log-only event into the table: pending, or held
+	insertBad  string // a message that cannot be read as an event, held
+}
+
+func newStatements(cfg store.Config) statements {
+	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
+	return statements{
+		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL`,
+		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
+		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
+		// Held rows get the table relay's marks of a permanent failure.
+		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
+    attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
+    last_error = COALESCE($2, last_error),
+    retry_at = CASE WHEN $2::text IS NULL THEN retry_at ELSE 'infinity' END
+WHERE seq = $1 AND dispatched_at IS NULL`,
+		// ON CONFLICT: a relay that crashed after the insert and before
+		// confirming reads the event again.
+		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, headers, created_at, handoff_at, attempts, last_error, retry_at)
+VALUES ($1, $2, $3, $4::text::json, $5::text::jsonb, $6, now(),
+    CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, $7, CASE WHEN $7::text IS NULL THEN NULL ELSE 'infinity'::timestamptz END)
+ON CONFLICT (event_id) DO NOTHING`,
+		insertBad: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, created_at, handoff_at, attempts, last_error, retry_at)
+VALUES (COALESCE($1::uuid, gen_random_uuid()), '00000000-0000-0000-0000-000000000000', 'outbox.unreadable',
+    json_build_object('message', $2::text), $3, now(), 1, $4, 'infinity')
+ON CONFLICT (event_id) DO NOTHING`,
+	}
+}
+
+// handoff records it in the table for the table path: held with reason,
+// or pending when reason is nil.
+func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, reason error) error {
+	var why *string
+	if reason != nil {
+		s := truncate(reason.Error(), 2000)
+		why = &s
+	}
+	if it.row {
+		if _, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why); err != nil {
+			return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+		}
+		return nil
+	}
+	if it.bad == nil {
+		var headers *string
+		if it.ev.Headers != nil {
+			b, _ := jsonMarshal(it.ev.Headers)
+			s := string(b)
+			headers = &s
+		}
+		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, string(it.ev.Payload), headers, it.ev.CreatedAt, why)
+		var pgErr *pgconn.PgError
+		// Data the table's columns or checks refuse (an aggregate_id that
+		// is not a UUID in a uuid column): held as unreadable instead, so
+		// the stream never stops on it.
+		if !errors.As(err, &pgErr) || (pgErr.Code[:2] != "22" && pgErr.Code != "23514") {
+			if err != nil {
+				return fmt.Errorf("insert event %s into the table: %w", it.ev.ID, err)
+			}
+			return nil
+		}
+		r := fmt.Sprintf("the table refuses the event: %s", pgErr.Message)
+		if reason != nil {
+			r = reason.Error() + "; " + r
+		}
+		reason = errors.New(r)
+	}
+	var id *string
+	if it.ev.ID != "" {
+		id = &it.ev.ID
+	}
+	why2 := truncate(reason.Error(), 2000)
+	_, err := pool.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && id != nil {
+		// The event_id itself is not a UUID: give the row a new one.
+		_, err = pool.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")")
+	}
+	if err != nil {
+		return fmt.Errorf("insert unreadable event message into the table: %w", err)
+	}
+	return nil
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
