@@ -288,7 +288,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if r.opts.WALSenderTimeout > 0 {
 		params["wal_sender_timeout"] = fmt.Sprintf("%dms", r.opts.WALSenderTimeout.Milliseconds())
 	}
-	conn, err := replicationConn(ctx, r.pool, params)
+	// Bounded: a server behind a cut network would keep the connect or
+	// the first queries waiting forever.
+	sctx, cancel := context.WithTimeout(ctx, r.opts.ReceiveTimeout)
+	defer cancel()
+	conn, err := replicationConn(sctx, r.pool, params)
 	if err != nil {
 		return false, err
 	}
@@ -297,16 +301,16 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	start, err := r.slotPosition(ctx)
+	start, err := r.slotPosition(sctx)
 	if err != nil {
 		return false, err
 	}
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
-	if s.diverted, err = r.loadDiverted(ctx); err != nil {
+	if s.diverted, err = r.loadDiverted(sctx); err != nil {
 		return false, err
 	}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
-	err = pglogrepl.StartReplication(ctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'", "messages 'true'"},
 	})
@@ -322,6 +326,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		}
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
 	}
+	cancel()
 	r.holding.Store(true)
 	defer r.holding.Store(false)
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_over_aggregates", len(s.diverted))
