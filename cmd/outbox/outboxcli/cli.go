@@ -90,7 +90,8 @@ type app struct {
 	loader *Loader
 	log    *slog.Logger
 	out    io.Writer
-	mask   *masker // of the command line's output, which the log and out go through
+	mask   *masker      // of the command line's output, which the log and out go through
+	slots  *slotMetrics // the slot's gauges, when relay.mode log serves /metrics
 }
 
 // setup loads the configuration and hands its secrets to the command

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 // Config is the whole configuration of the outbox binary. It is read from
@@ -54,6 +55,24 @@ type RelayConfig struct {
 	Wakeups         bool          `koanf:"wakeups"`
 	RetryMin        time.Duration `koanf:"retry_min"`
 	RetryMax        time.Duration `koanf:"retry_max"`
+	// Mode is where the relay finds events: "table" claims them from the
+	// outbox table; "log" reads them from a logical replication slot
+	// (rows of the table and log-only messages) and runs the table path
+	// only for events handed to the table (see package walrelay).
+	Mode string         `koanf:"mode"`
+	Log  LogRelayConfig `koanf:"log"`
+}
+
+// LogRelayConfig tunes the log relay (see walrelay.Options).
+type LogRelayConfig struct {
+	Slot             string        `koanf:"slot"`        // default outbox_<schema>_<table>
+	Publication      string        `koanf:"publication"` // default: the slot's name
+	CreateSlot       bool          `koanf:"create_slot"`
+	MaxInFlight      int           `koanf:"max_in_flight"`
+	StatusInterval   time.Duration `koanf:"status_interval"`
+	ReceiveTimeout   time.Duration `koanf:"receive_timeout"`
+	WALSenderTimeout time.Duration `koanf:"wal_sender_timeout"`
+	StandbyInterval  time.Duration `koanf:"standby_interval"`
 }
 
 // DatabaseConfig tunes the relay's connection pool.
@@ -111,6 +130,10 @@ func Defaults() Config {
 	if err != nil {
 		panic(err)
 	}
+	logRelay, err := walrelay.Options{}.WithDefaults()
+	if err != nil {
+		panic(err)
+	}
 	return Config{
 		Broker: "stdout",
 		// Non-nil maps: the loader merges file and environment into them.
@@ -121,6 +144,12 @@ func Defaults() Config {
 			PollInterval: relay.PollInterval, PublishTimeout: relay.PublishTimeout,
 			ShutdownTimeout: relay.ShutdownTimeout, Wakeups: !relay.DisableWakeups,
 			RetryMin: relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
+			Mode: "table",
+			Log: LogRelayConfig{
+				CreateSlot: true, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
+				ReceiveTimeout: logRelay.ReceiveTimeout, WALSenderTimeout: logRelay.WALSenderTimeout,
+				StandbyInterval: logRelay.StandbyInterval,
+			},
 		},
 		Database: DatabaseConfig{MaxConns: 8, IdleInTransactionTimeout: 2 * time.Minute},
 		Producer: ProducerConfig{MaxPayloadBytes: outbox.DefaultMaxPayloadBytes},
@@ -179,6 +208,32 @@ func (c *Config) Validate() error {
 			bad(d.field, "must be a positive duration such as 500ms or 30s")
 		}
 	}
+	switch r.Mode {
+	case "table":
+	case "log":
+		if _, err := c.LogRelayOptions(nil, nil).WithDefaults(); err != nil {
+			bad("relay.log", "%s", strings.TrimPrefix(err.Error(), "log relay options: "))
+		}
+	default:
+		bad("relay.mode", "%q is not table or log", r.Mode)
+	}
+	if r.Log.MaxInFlight < 1 {
+		bad("relay.log.max_in_flight", "%d is not positive", r.Log.MaxInFlight)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"relay.log.status_interval", r.Log.StatusInterval}, {"relay.log.receive_timeout", r.Log.ReceiveTimeout},
+		{"relay.log.standby_interval", r.Log.StandbyInterval},
+	} {
+		if d.v <= 0 {
+			bad(d.field, "must be a positive duration such as 1s")
+		}
+	}
+	if r.Log.WALSenderTimeout < 0 {
+		bad("relay.log.wal_sender_timeout", "is negative (0 keeps the server's setting)")
+	}
 	if r.RetryMax < r.RetryMin {
 		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
 	}
@@ -235,6 +290,24 @@ func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options 
 	}
 }
 
+// LogRelayOptions converts the relay section for the log relay.
+func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) walrelay.Options {
+	r := c.Relay
+	wst := r.Log.WALSenderTimeout
+	if wst == 0 {
+		wst = -1 // keep the server's
+	}
+	return walrelay.Options{
+		Store: c.StoreConfig(), Slot: walrelay.Slot{Name: r.Log.Slot, Publication: r.Log.Publication},
+		CreateSlot: r.Log.CreateSlot, Lanes: r.Lanes, MaxInFlight: r.Log.MaxInFlight,
+		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
+		RetryBackoff:   core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
+		StatusInterval: r.Log.StatusInterval, ReceiveTimeout: r.Log.ReceiveTimeout,
+		WALSenderTimeout: wst, StandbyInterval: r.Log.StandbyInterval,
+		Logger: log, Observer: obs,
+	}
+}
+
 // Loader reads a Config from its sources.
 type Loader struct {
 	k *koanf.Koanf
@@ -260,6 +333,7 @@ var flagKeys = map[string]string{
 	"batch-size":   "relay.batch_size",
 	"lanes":        "relay.lanes",
 	"unordered":    "relay.unordered",
+	"mode":         "relay.mode",
 	"no-wakeups":   "relay.wakeups",
 	"http-listen":  "http.listen",
 	"log-format":   "log.format",
@@ -291,6 +365,7 @@ func AddRelayFlags(fs *pflag.FlagSet) {
 	fs.Int("batch-size", 0, "events per claim (default 500)")
 	fs.Int("lanes", 0, "concurrent publishes per batch (default 16)")
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")
+	fs.String("mode", "", "where events come from: table (claim the outbox table) or log (a logical replication slot)")
 	fs.Bool("no-wakeups", false, "poll only, no LISTEN/NOTIFY (for PgBouncer transaction pooling)")
 	fs.String("http-listen", "", "address for /metrics, /healthz and /readyz, such as :9090")
 }

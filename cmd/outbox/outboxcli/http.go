@@ -36,6 +36,9 @@ func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher,
 	if err != nil {
 		return nil, err
 	}
+	if e.cfg.Relay.Mode == "log" {
+		e.slots = newSlotMetrics(reg)
+	}
 	poller, err := metrics.NewPoller(st, metrics.PollerOptions{Registerer: reg, StuckAfter: e.cfg.Stuck.After, Logger: e.log})
 	if err != nil {
 		return nil, err

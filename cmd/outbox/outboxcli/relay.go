@@ -71,6 +71,9 @@ func (e *app) runRelay(ctx context.Context) error {
 			observers = append(observers, obs)
 		}
 	}
+	if e.cfg.Relay.Mode == "log" {
+		return e.runLogRelay(ctx, st, pub, observers, func(r *core.Relay) { relay = r })
+	}
 	relay, err = core.New(st, pub, e.cfg.RelayOptions(e.log, observers))
 	if err != nil {
 		return err
