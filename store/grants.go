@@ -65,6 +65,11 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			grant("SELECT, UPDATE, DELETE", "TABLE "+n.Processed, r.Relay)
 		}
 		grant("SELECT", "TABLE "+n.Migrations, r.Relay)
+		// relay.mode log: the table path claims through the handoff view,
+		// and the log relay inserts log-only events it hands to the table.
+		grant("SELECT, UPDATE", "TABLE "+n.HandoffView, r.Relay)
+		grant("INSERT", "TABLE "+n.Outbox, r.Relay)
+		grant("USAGE", "SEQUENCE "+seq, r.Relay)
 	}
 	if r.Producer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Producer)

@@ -28,11 +28,12 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stmts) != 10 {
-		t.Errorf("%d statements, want 10: %q", len(stmts), stmts)
+	if len(stmts) != 13 {
+		t.Errorf("%d statements, want 13: %q", len(stmts), stmts)
 	}
 	// With every correctly quoted name taken out, only keywords are left.
 	names := []string{
+		pgx.Identifier{evil, evil + "t_handoff"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_migrations"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_id_seq"}.Sanitize(),

@@ -114,6 +114,11 @@ func (r *report) evaluate() {
 			add(fmt.Sprintf("producer cost, %d producer(s)", n), "<= 15% fewer tx/s",
 				fmt.Sprintf("%.0f%% fewer", 100*drop), drop <= 0.15)
 		}
+		if logOnly := r.producer("with log-only event", n); without > 0 && logOnly > 0 {
+			drop := 1 - logOnly/without
+			add(fmt.Sprintf("log-only producer cost, %d producer(s)", n), "<= 10% fewer tx/s",
+				fmt.Sprintf("%.0f%% fewer", 100*drop), drop <= 0.10)
+		}
 	}
 	if len(r.Backlogs) == 2 && r.Backlogs[0].ClaimP50 > 0 {
 		s, b := r.Backlogs[0], r.Backlogs[1]

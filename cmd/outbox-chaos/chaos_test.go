@@ -44,6 +44,17 @@ func TestFaultsKafka(t *testing.T) {
 		Faults: []string{KillRelay, PauseRelay, CrashPG, HalfOpen}})
 }
 
+// The relays in log mode: one reads the slot, the others stand by. Killed
+// (SIGKILL, one and all), paused past wal_sender_timeout (SIGSTOP), the
+// broker's network cut and PostgreSQL crashed, with the same accounting:
+// nothing lost, nothing out of order.
+func TestFaultsLogMode(t *testing.T) {
+	servers(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	runShort(t, Options{Broker: "amqp", Mode: "log", Events: 2000, ProduceFor: 15 * time.Second,
+		Faults: []string{KillRelay, PauseRelay, KillAll, CrashPG, BlackHole}})
+}
+
 func runShort(t *testing.T, o Options) {
 	root, err := ModuleRoot()
 	if err != nil {
