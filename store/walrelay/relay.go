@@ -798,11 +798,14 @@ func (s *stream) marker(ctx context.Context) {
 			seqs = append(seqs, it.ev.Seq)
 		}
 		start := time.Now()
-		_, ok := retry(ctx, s, "mark events dispatched", func() (pgconn.CommandTag, error) {
-			return s.r.pool.Exec(ctx, s.r.sql.markDone, seqs)
+		missing, ok := retry(ctx, s, "mark events dispatched", func() (int, error) {
+			return s.r.sql.mark(ctx, s.r.pool, seqs)
 		})
 		if !ok {
 			return
+		}
+		if missing > 0 {
+			s.r.log.Warn("published rows not found to mark; deleted since", "rows", missing)
 		}
 		s.r.obs.Completed(len(batch), 0, time.Since(start))
 		for _, it := range batch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,6 +16,7 @@ import (
 // statements are the relay's writes to the outbox table.
 type statements struct {
 	markDone   string // published rows, dispatched
+	visible    string // which of some rows this session sees
 	diverted   string // aggregates with pending handed-off rows
 	pendingAgg string // whether one aggregate has some
 	handRow    string // a row of the table to the table path: pending, or held with a reason
@@ -26,7 +28,8 @@ func newStatements(cfg store.Config) statements {
 	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return statements{
-		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL`,
+		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
+		visible:    `SELECT seq FROM ` + t + ` WHERE seq = ANY($1)`,
 		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
 		// Held rows get the table relay's marks of a permanent failure.
@@ -48,6 +51,67 @@ ON CONFLICT (event_id) DO NOTHING`,
 	}
 }
 
+// mark marks the rows seqs dispatched. The stream can deliver a commit a
+// moment before the transaction is visible to other sessions (its commit
+// record is written before it leaves the proc array), so a row the
+// update misses is looked for and, while not visible, marked again after
+// a short wait; a row visible but not updated was dispatched already (a
+// replay). A row still invisible after about 5s is gone (retention
+// deleted it after an earlier dispatch) and counts as done.
+func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, seqs []int64) (missing int, err error) {
+	pending := seqs
+	for attempt := 0; ; attempt++ {
+		rows, err := pool.Query(ctx, q.markDone, pending)
+		if err != nil {
+			return 0, err
+		}
+		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return 0, err
+		}
+		if len(done) == len(pending) {
+			return 0, nil
+		}
+		pending = without(pending, done)
+		rows, err = pool.Query(ctx, q.visible, pending)
+		if err != nil {
+			return 0, err
+		}
+		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return 0, err
+		}
+		pending = without(pending, seen)
+		if len(pending) == 0 {
+			return 0, nil
+		}
+		if attempt >= 50 {
+			return len(pending), nil
+		}
+		t := time.NewTimer(time.Duration(1+attempt) * 4 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func without(all, some []int64) []int64 {
+	drop := make(map[int64]bool, len(some))
+	for _, s := range some {
+		drop[s] = true
+	}
+	var out []int64
+	for _, a := range all {
+		if !drop[a] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // handoff records it in the table for the table path: held with reason,
 // or pending when reason is nil.
 func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, reason error) error {
@@ -57,10 +121,26 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 		why = &s
 	}
 	if it.row {
-		if _, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why); err != nil {
-			return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+		// As in mark: the row may not be visible yet.
+		for attempt := 0; ; attempt++ {
+			tag, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why)
+			if err != nil {
+				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+			}
+			if tag.RowsAffected() == 1 || attempt >= 50 {
+				return nil
+			}
+			var seen bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (`+q.visible+`)`, []int64{it.ev.Seq}).Scan(&seen); err != nil {
+				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+			}
+			if seen {
+				return nil // dispatched already: a replay
+			}
+			if !sleep(ctx, time.Duration(1+attempt)*4*time.Millisecond) {
+				return ctx.Err()
+			}
 		}
-		return nil
 	}
 	if it.bad == nil {
 		var headers *string
