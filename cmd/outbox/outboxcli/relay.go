@@ -36,7 +36,7 @@ var relayHooks []func(ctx context.Context, e *env, st *store.Store, pub core.Pub
 
 // publisherWraps decorate the broker's publisher (tracing) before the hooks
 // and the relay see it, in order. The broker's own Close still runs once.
-var publisherWraps []func(e *env, pub core.Publisher) (core.Publisher, error)
+var publisherWraps []func(ctx context.Context, e *env, pub core.Publisher) (core.Publisher, error)
 
 func (e *env) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
@@ -54,8 +54,9 @@ func (e *env) runRelay(ctx context.Context) error {
 		return unavailable(err)
 	}
 	defer pub.Close()
+	defer e.stopped(ctx)
 	for _, wrap := range publisherWraps {
-		if pub, err = wrap(e, pub); err != nil {
+		if pub, err = wrap(ctx, e, pub); err != nil {
 			return err
 		}
 	}
