@@ -116,7 +116,7 @@ ORDER BY c.id`
 		claimUnordered: unordered,
 		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE id = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
-SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity')
+SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(id, reason, retry_at)
 WHERE o.id = f.id`,
 	}, nil
