@@ -255,6 +255,17 @@ func TestFailuresGroupedByFingerprint(t *testing.T) {
 	if !slices.Equal(got, notFound[:2]) {
 		t.Errorf("held events of the group: %v, want %v", got, notFound[:2])
 	}
+	// And so does a selector, for acting on the whole group.
+	bySel := store.Selector{Fingerprint: nf.Fingerprint}
+	if a, err := f.st.Affected(f.ctx, store.ActionUnpark, bySel); err != nil || a.Count != 1 {
+		t.Errorf("unpark by fingerprint would touch %+v (%v), want the parked one", a, err)
+	}
+	if n, err := f.st.Retry(f.ctx, bySel); err != nil || n != 2 {
+		t.Errorf("retry by fingerprint released %d (%v), want the 2 held", n, err)
+	}
+	if !strings.Contains(bySel.String(), "error like") {
+		t.Errorf("selector reads %q", bySel)
+	}
 	// A replay clears what a failure recorded.
 	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now(), retry_at = NULL WHERE id = $1`, timeouts[0]); err != nil {
 		t.Fatal(err)
