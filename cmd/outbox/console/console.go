@@ -82,7 +82,7 @@ const (
 	DefaultLagSLO           = 60 * time.Second
 	DefaultRelayApplication = "outbox-relay"
 	DefaultActivityMinutes  = 60
-	minSecretLen            = 16
+	MinSecretBytes          = 16 // shortest Token or Password accepted
 )
 
 // WithDefaults returns o with unset fields at their defaults.
@@ -114,14 +114,14 @@ func (o Options) Validate() error {
 	case o.Token == "" && o.Username == "" && !o.AnonymousReads:
 		errs = append(errs, errors.New("console: no credentials: set Token, Username and Password, or AnonymousReads for a console anyone can read and no one can act in"))
 	}
-	if o.Token != "" && len(o.Token) < minSecretLen {
-		errs = append(errs, fmt.Errorf("console: Token is %d bytes; use at least %d random bytes", len(o.Token), minSecretLen))
+	if o.Token != "" && len(o.Token) < MinSecretBytes {
+		errs = append(errs, fmt.Errorf("console: Token is %d bytes; use at least %d random bytes", len(o.Token), MinSecretBytes))
 	}
 	if (o.Username == "") != (o.Password == "") {
 		errs = append(errs, errors.New("console: Username and Password go together"))
 	}
-	if o.Password != "" && len(o.Password) < minSecretLen {
-		errs = append(errs, fmt.Errorf("console: Password is %d bytes; use at least %d", len(o.Password), minSecretLen))
+	if o.Password != "" && len(o.Password) < MinSecretBytes {
+		errs = append(errs, fmt.Errorf("console: Password is %d bytes; use at least %d", len(o.Password), MinSecretBytes))
 	}
 	if o.StuckAfter < 0 || o.LagSLO < 0 {
 		errs = append(errs, errors.New("console: StuckAfter and LagSLO must not be negative"))

@@ -3,7 +3,6 @@ package outboxcli
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -40,8 +39,7 @@ var publisherWraps []func(ctx context.Context, e *env, pub core.Publisher) (core
 
 func (e *env) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
-	host, _ := os.Hostname()
-	st, err := e.openStore(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
+	st, err := e.openStore(ctx, relayAppName+" "+relayClientName())
 	if err != nil {
 		return err
 	}
