@@ -34,6 +34,7 @@ var funcs = template.FuncMap{
 	"ts":     timestamp,
 	"pretty": prettyJSON,
 	"short":  short,
+	"add":    func(a, b int) int { return a + b },
 	"query": func(kv ...string) template.URL {
 		v := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -225,10 +226,11 @@ func (c *Console) pageAction(w http.ResponseWriter, r *http.Request) {
 // chart is the overview's activity as SVG bars, laid out here so the
 // template only draws.
 type chart struct {
-	Width, Height, FailTop, FailHeight int
-	MaxDispatched, MaxFailed           int64
-	Bars                               []bar
-	Labels                             []label
+	Width, Height, PlotHeight int
+	FailTop, FailHeight       int
+	MaxDispatched, MaxFailed  int64
+	Bars                      []bar
+	Labels                    []label
 }
 
 type bar struct {
@@ -246,11 +248,12 @@ type label struct {
 func newChart(mins []Minute) chart {
 	const (
 		barW   = 10
-		plotH  = 120
-		failH  = 30
-		margin = 4
+		plotH  = 100
+		failH  = 24
+		margin = 6
 	)
-	c := chart{Width: max(len(mins), 1) * barW, FailTop: plotH + margin, FailHeight: failH, Height: plotH + margin + failH + 16}
+	c := chart{Width: max(len(mins), 1) * barW, PlotHeight: plotH, FailTop: plotH + margin, FailHeight: failH,
+		Height: plotH + margin + failH + 14}
 	for _, m := range mins {
 		c.MaxDispatched = max(c.MaxDispatched, m.Dispatched)
 		c.MaxFailed = max(c.MaxFailed, m.Failed)
@@ -276,19 +279,28 @@ func newChart(mins []Minute) chart {
 	return c
 }
 
-// agoSeconds renders an age in seconds for people.
+// agoSeconds renders an age in seconds for people: 850ms, 42s, 5m, 3m12s,
+// 2h5m, 3.5d.
 func agoSeconds(s float64) string {
 	d := time.Duration(s * float64(time.Second))
 	switch {
 	case d < time.Second:
 		return d.Round(time.Millisecond).String()
 	case d < time.Hour:
-		return d.Round(time.Second).String()
+		d = d.Round(time.Second)
 	case d < 48*time.Hour:
-		return d.Round(time.Minute).String()
+		d = d.Round(time.Minute)
 	default:
 		return fmt.Sprintf("%.1fd", d.Hours()/24)
 	}
+	out := d.String()
+	if strings.HasSuffix(out, "m0s") {
+		out = strings.TrimSuffix(out, "0s")
+	}
+	if strings.HasSuffix(out, "h0m") {
+		out = strings.TrimSuffix(out, "0m")
+	}
+	return out
 }
 
 func since(t *time.Time) string {
