@@ -447,6 +447,9 @@ func TestAnonymousReadsAndPages(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `id="retry"`) || !strings.Contains(body, `name="csrf"`) {
 		t.Errorf("signed-in event page lacks the retry form: %d", code)
 	}
+	if code, _ := f.do(req{method: "GET", path: "/console/", auth: "wrong"}); code != http.StatusUnauthorized {
+		t.Errorf("wrong credentials with anonymous reads: %d, want 401", code)
+	}
 	if code, _ := f.do(req{method: "GET", path: "/console/login"}); code != http.StatusUnauthorized {
 		t.Errorf("login without credentials: %d, want 401 asking for them", code)
 	}
@@ -461,6 +464,9 @@ func TestAnonymousReadsAndPages(t *testing.T) {
 	resp.Body.Close()
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "frame-ancestors 'none'") {
 		t.Errorf("Content-Security-Policy %q", csp)
+	}
+	if cc := resp.Header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("Cache-Control %q, want no-store", cc)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
@@ -243,3 +244,24 @@ func waitDispatched(t *testing.T, ctx context.Context, pool interface {
 		}
 	}
 }
+
+// OTLP configured without tracing.enabled makes no spans, and says so.
+func TestOTLPWithoutTracingWarns(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+	var log strings.Builder
+	c := Defaults()
+	e := &env{cfg: &c, log: newLogger(&log, c.Log), mask: &masker{}}
+	pub := &nopPublisher{}
+	got, err := wrapTracing(context.Background(), e, pub)
+	if err != nil || got != pub {
+		t.Fatalf("wrapTracing = %v, %v; want the publisher unwrapped", got, err)
+	}
+	if !strings.Contains(log.String(), "tracing.enabled is false") {
+		t.Errorf("no warning logged:\n%s", log.String())
+	}
+}
+
+type nopPublisher struct{}
+
+func (*nopPublisher) Publish(context.Context, *core.Event) error { return nil }
+func (*nopPublisher) Close() error                               { return nil }
