@@ -43,9 +43,9 @@ type Message struct {
 	// taken as they are and must be valid JSON.
 	Payload any
 	Headers map[string]string // optional; names must not be the relay's own
-	// UID is the event's identity across outboxes; a UUIDv7 is generated
+	// ID is the event's identity across outboxes; a UUIDv7 is generated
 	// when empty. Set it to make a retried write idempotent downstream.
-	UID string
+	ID string
 }
 
 // WriterOptions configure a Writer. The zero value is valid.
@@ -93,7 +93,7 @@ func NewWriter(opts WriterOptions) (*Writer, error) {
 // ValidationError says which message of a Write was rejected and why.
 type ValidationError struct {
 	Index int    // position in the Write call
-	Field string // "aggregate_id", "type", "payload", "headers" or "uid"
+	Field string // "aggregate_id", "type", "payload", "headers" or "id"
 	Msg   string
 }
 
@@ -109,7 +109,7 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		return nil
 	}
 	n := len(msgs)
-	uids, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ids, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	headers := make([]*string, n)
 	var trace map[string]string
 	if w.opts.Propagator != nil {
@@ -124,9 +124,9 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if err != nil {
 			return err
 		}
-		uids[i], aggs[i], types[i], payloads[i], headers[i] = v.uid, v.agg, m.Type, v.payload, v.headers
+		ids[i], aggs[i], types[i], payloads[i], headers[i] = v.id, v.agg, m.Type, v.payload, v.headers
 	}
-	rows := store.InsertRows{UIDs: uids, AggregateIDs: aggs, Types: types, Payloads: payloads, Headers: headers}
+	rows := store.InsertRows{IDs: ids, AggregateIDs: aggs, Types: types, Payloads: payloads, Headers: headers}
 	if err := w.insert.Exec(ctx, tx, rows); err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
@@ -134,12 +134,12 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 }
 
 type prepared struct {
-	uid, agg, payload string
-	headers           *string
+	id, agg, payload string
+	headers          *string
 }
 
 var reservedHeaders = map[string]bool{
-	core.HeaderEventUID: true, core.HeaderEventID: true, core.HeaderType: true, core.HeaderAggregateID: true,
+	core.HeaderEventID: true, core.HeaderEventSeq: true, core.HeaderEventUID: true, core.HeaderType: true, core.HeaderAggregateID: true,
 }
 
 func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, error) {
@@ -155,18 +155,18 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		return bad("aggregate_id", "%q is not a UUID", truncateForError(m.AggregateID))
 	}
 	p.agg = agg.String()
-	if m.UID == "" {
+	if m.ID == "" {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return bad("uid", "could not be generated: %v", err)
+			return bad("id", "could not be generated: %v", err)
 		}
-		p.uid = id.String()
+		p.id = id.String()
 	} else {
-		id, err := uuid.Parse(m.UID)
+		id, err := uuid.Parse(m.ID)
 		if err != nil {
-			return bad("uid", "%q is not a UUID", truncateForError(m.UID))
+			return bad("id", "%q is not a UUID", truncateForError(m.ID))
 		}
-		p.uid = id.String()
+		p.id = id.String()
 	}
 	if err := store.CheckType(m.Type); err != nil {
 		return bad("type", "%s", strings.TrimPrefix(err.Error(), "type "))

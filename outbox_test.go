@@ -180,7 +180,7 @@ func TestManyEventsInOneStatement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := pool.Query(ctx, "SELECT (payload->>'line')::int FROM "+table(cfg)+" ORDER BY id")
+	rows, err := pool.Query(ctx, "SELECT (payload->>'line')::int FROM "+table(cfg)+" ORDER BY seq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestValidationErrors(t *testing.T) {
 		{"reserved header aggregate_id", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderAggregateID: "x"} }), "headers"},
 		{"empty header name", with(func(m *outbox.Message) { m.Headers = map[string]string{"": "x"} }), "headers"},
 		{"NUL in header", with(func(m *outbox.Message) { m.Headers = map[string]string{"k": "a\x00b"} }), "headers"},
-		{"uid not a uuid", with(func(m *outbox.Message) { m.UID = "abc" }), "uid"},
+		{"id not a uuid", with(func(m *outbox.Message) { m.ID = "abc" }), "id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ec := &execCounter{}
@@ -303,7 +303,7 @@ func TestPayloadStoredByteExact(t *testing.T) {
 	}
 }
 
-func TestHeadersUIDAndTraceContext(t *testing.T) {
+func TestHeadersEventIDAndTraceContext(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := pgtest.Schema(t)
 	w := newWriter(t, outbox.WriterOptions{Store: cfg, Propagator: propagation.TraceContext{}})
@@ -312,13 +312,13 @@ func TestHeadersUIDAndTraceContext(t *testing.T) {
 	})
 	tctx := trace.ContextWithSpanContext(ctx, sc)
 	uid := "0190A7F4-0000-7000-8000-000000000001" // upper case; stored canonical
-	msg := outbox.Message{AggregateID: orderID, Type: "t.x", Payload: []byte(`1`), UID: uid, Headers: map[string]string{"tenant": "acme"}}
+	msg := outbox.Message{AggregateID: orderID, Type: "t.x", Payload: []byte(`1`), ID: uid, Headers: map[string]string{"tenant": "acme"}}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(tctx, tx, msg) }); err != nil {
 		t.Fatal(err)
 	}
 	var gotUID string
 	var headers map[string]string
-	if err := pool.QueryRow(ctx, "SELECT uid::text, headers FROM "+table(cfg)).Scan(&gotUID, &headers); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT event_id::text, headers FROM "+table(cfg)).Scan(&gotUID, &headers); err != nil {
 		t.Fatal(err)
 	}
 	if gotUID != strings.ToLower(uid) {

@@ -77,7 +77,7 @@ func Example_customPublisher() {
 		return
 	}
 	defer pub.Close()
-	_ = pub.Publish(context.Background(), &core.Event{ID: 1, AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
+	_ = pub.Publish(context.Background(), &core.Event{Seq: 1, AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 	fmt.Println(pub.(*webhook).sent[0])
 	// Output: POST https://hooks.example.com/order key=order-7 {"total":12}
 }

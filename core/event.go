@@ -8,16 +8,21 @@ import (
 
 // Header names the relay sets on every published message.
 const (
-	HeaderEventUID    = "event_uid"    // identity unique across outboxes; consumers dedupe on it
-	HeaderEventID     = "event_id"     // row id in the outbox table
+	HeaderEventID     = "event_id"     // the event's identity, unique across outboxes; consumers dedupe on it
+	HeaderEventSeq    = "event_seq"    // the event's position in its outbox table
 	HeaderType        = "type"         // event type, such as "order.placed"
 	HeaderAggregateID = "aggregate_id" // ordering and partition key
+
+	// HeaderEventUID carries the event id too, under the name releases
+	// before migration 5 used, for consumers that still read it. Those
+	// releases put the row position in event_id.
+	HeaderEventUID = "event_uid"
 )
 
 // Event is one row of the outbox as the relay sees it.
 type Event struct {
-	ID          int64             // outbox row id; increases in commit order per aggregate
-	UID         string            // identity unique across outboxes (a UUID)
+	Seq         int64             // position in the outbox table (column seq); increases in commit order per aggregate
+	ID          string            // identity unique across outboxes (column event_id, a UUID)
 	AggregateID string            // ordering key
 	Type        string            // such as "order.placed"
 	Payload     []byte            // the JSON bytes exactly as written by the producer
@@ -79,7 +84,7 @@ type Rejection struct {
 
 // Failure is a failed publish to record against an event.
 type Failure struct {
-	ID     int64
+	Seq    int64
 	Reason string
 	// RetryAt is when the event may be claimed again. The zero time holds the
 	// event until an operator retries or parks it (a permanent failure).

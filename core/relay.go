@@ -449,8 +449,8 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	for _, rej := range rejected {
 		err := Permanent(fmt.Errorf("cannot relay row: %w", rej.Err))
 		r.obs.Rejected(&rej.Event, err)
-		r.log.Warn("event held: the row cannot be relayed", "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
-		failed = append(failed, Failure{ID: rej.Event.ID, Reason: err.Error()})
+		r.log.Warn("event held: the row cannot be relayed", "event_seq", rej.Event.Seq, "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
+		failed = append(failed, Failure{Seq: rej.Event.Seq, Reason: err.Error()})
 	}
 
 	// A hard stop cancelled ctx; still record what reached the broker, so
@@ -490,7 +490,7 @@ func isTruncated(c Claim) bool {
 }
 
 type outcome struct {
-	id   int64
+	seq  int64
 	err  error
 	skip bool // not attempted: an earlier event of its aggregate failed
 }
@@ -532,11 +532,11 @@ func (r *Relay) publishBatch(ctx context.Context, events []Event) (done []int64,
 		switch {
 		case res.skip:
 		case res.err == nil:
-			done = append(done, res.id)
+			done = append(done, res.seq)
 		case ctx.Err() != nil && errors.Is(res.err, ctx.Err()):
 			// Cancelled by a hard stop: not the event's fault; leave it pending.
 		default:
-			f := Failure{ID: res.id, Reason: res.err.Error()}
+			f := Failure{Seq: res.seq, Reason: res.err.Error()}
 			if !IsPermanent(res.err) {
 				f.RetryAt = now.Add(r.opts.RetryBackoff.Delay(events[i].Attempts))
 			}
@@ -550,7 +550,7 @@ func (r *Relay) runLane(ctx context.Context, events []Event, idx []int, results 
 	var blocked map[string]bool
 	for _, i := range idx {
 		e := &events[i]
-		results[i].id = e.ID
+		results[i].seq = e.Seq
 		if blocked[e.AggregateID] || ctx.Err() != nil {
 			results[i].skip = true
 			continue
@@ -564,7 +564,7 @@ func (r *Relay) runLane(ctx context.Context, events []Event, idx []int, results 
 		if err == nil {
 			continue
 		}
-		r.log.Warn("publish failed", "event_id", e.ID, "event_uid", e.UID, "aggregate_id", e.AggregateID,
+		r.log.Warn("publish failed", "event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID,
 			"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
 		if !r.opts.Unordered {
 			if blocked == nil {

@@ -117,9 +117,9 @@ func ExampleDeduper_Process() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	headers := map[string]string{core.HeaderEventUID: "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"}
+	headers := map[string]string{core.HeaderEventID: "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"}
 
-	applied, err := d.Process(context.Background(), headers[core.HeaderEventUID], func(ctx context.Context, tx pgx.Tx) error {
+	applied, err := d.Process(context.Background(), headers[core.HeaderEventID], func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, "order-42")
 		return err
 	})
@@ -153,7 +153,7 @@ func ExampleDeduper_Cleanup() {
 
 func ExampleEventID() {
 	msg := message.NewMessage(watermill.NewUUID(), nil)
-	msg.Metadata.Set(core.HeaderEventUID, "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b")
+	msg.Metadata.Set(core.HeaderEventID, "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b")
 	id, err := dedupe.EventID(msg)
 	fmt.Println(id, err)
 

@@ -23,20 +23,29 @@ var ErrNoEventID = errors.New("no usable event identity")
 const MaxEventIDBytes = 200
 
 // EventID returns the event identity the relay put in msg's metadata
-// (header core.HeaderEventUID). A missing, empty, over-long or malformed
+// (header core.HeaderEventID). A missing, empty, over-long or malformed
 // value is an error wrapping ErrNoEventID. The message UUID is not used as
 // a fallback: a publisher other than the relay may generate a new one for
 // every send, which would make duplicates look new.
+//
+// Header core.HeaderEventUID wins when present: relays before migration 5
+// sent the identity there and the row position in event_id, and later
+// relays send both with the same value, so a message relayed again after
+// an upgrade keeps its key.
 func EventID(msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", fmt.Errorf("%w: message is nil", ErrNoEventID)
 	}
-	id, ok := msg.Metadata[core.HeaderEventUID]
+	name := core.HeaderEventUID
+	id, ok := msg.Metadata[name]
 	if !ok {
-		return "", fmt.Errorf("%w: header %q is missing", ErrNoEventID, core.HeaderEventUID)
+		name = core.HeaderEventID
+		if id, ok = msg.Metadata[name]; !ok {
+			return "", fmt.Errorf("%w: header %q is missing", ErrNoEventID, core.HeaderEventID)
+		}
 	}
 	if err := checkEventID(id); err != nil {
-		return "", fmt.Errorf("header %q: %w", core.HeaderEventUID, err)
+		return "", fmt.Errorf("header %q: %w", name, err)
 	}
 	return id, nil
 }
@@ -98,7 +107,7 @@ func (d *Deduper) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 		if !applied {
-			d.log.DebugContext(ctx, "skipped duplicate event", "event_uid", id, "message_uuid", msg.UUID)
+			d.log.DebugContext(ctx, "skipped duplicate event", "event_id", id, "message_uuid", msg.UUID)
 			return nil, nil
 		}
 		return out, nil

@@ -27,8 +27,8 @@ type rawRow struct {
 func insertRaw(ctx context.Context, t testing.TB, pool *pgxpool.Pool, table string, r rawRow) (int64, error) {
 	t.Helper()
 	var id int64
-	err := pool.QueryRow(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, headers)
-VALUES ($1, $2, $3, $4::json, $5::jsonb) RETURNING id`, uuid.NewString(), r.agg, r.typ, r.payload, r.headers).Scan(&id)
+	err := pool.QueryRow(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, headers)
+VALUES ($1, $2, $3, $4::json, $5::jsonb) RETURNING seq`, uuid.NewString(), r.agg, r.typ, r.payload, r.headers).Scan(&id)
 	return id, err
 }
 
@@ -44,7 +44,7 @@ func (s *sink) Publish(_ context.Context, e *core.Event) error {
 	if s.got == nil {
 		s.got = map[int64]core.Event{}
 	}
-	s.got[e.ID] = *e
+	s.got[e.Seq] = *e
 	return nil
 }
 
@@ -67,7 +67,7 @@ type rejectCounter struct {
 func (c *rejectCounter) Rejected(e *core.Event, _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.rejected = append(c.rejected, e.ID)
+	c.rejected = append(c.rejected, e.Seq)
 }
 
 func (c *rejectCounter) count() int {
@@ -167,7 +167,7 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 				}
 				var found bool
 				for _, e := range stuck {
-					if e.ID == badID {
+					if e.Seq == badID {
 						found = true
 						if !e.Held || !strings.Contains(e.LastError, tc.reason) || !strings.Contains(e.LastError, "cannot relay row") {
 							t.Errorf("stuck lists the bad row as held=%v reason %q; want held, reason containing %q", e.Held, e.LastError, tc.reason)
@@ -181,10 +181,10 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 					t.Fatalf("stuck does not list the bad row: %+v", stuck)
 				}
 				// An operator fixes the row and retries it: both go out in order.
-				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET type = 'a.b', headers = NULL, payload = '{}' WHERE id = $1`, badID); err != nil {
+				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET type = 'a.b', headers = NULL, payload = '{}' WHERE seq = $1`, badID); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := s.Retry(ctx, store.Selector{IDs: []int64{badID}}); err != nil {
+				if _, err := s.Retry(ctx, store.Selector{Seqs: []int64{badID}}); err != nil {
 					t.Fatal(err)
 				}
 				waitFor(t, "the fixed row and the one behind it", func() bool { return pub.has(badID) && pub.has(behind) })
@@ -232,7 +232,7 @@ func TestClaimBoundedByBytes(t *testing.T) {
 			if len(e.Payload) != len(big) {
 				t.Fatalf("payload of %d bytes, want %d", len(e.Payload), len(big))
 			}
-			ids[i] = e.ID
+			ids[i] = e.Seq
 		}
 		if err := c.Complete(ctx, ids, nil); err != nil {
 			t.Fatal(err)

@@ -104,8 +104,8 @@ func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 type names struct {
 	Schema, Outbox, Processed, Migrations              string
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
-	UIDIdx, TypeCheck, HeadersCheck, NotifyTrigger     string
-	UIDFunc, NotifyFunc                                string
+	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
+	EventIDFunc, NotifyFunc                            string
 	FailedIdx                                          string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
@@ -121,11 +121,11 @@ func (c Config) names() names {
 		AggregateIdx:   ident(c.Table + "_pending_agg"),
 		RetryIdx:       ident(c.Table + "_retrying"),
 		ProcessedAtIdx: ident(c.ProcessedTable + "_at"),
-		UIDIdx:         ident(c.Table + "_uid"),
+		EventIDIdx:     ident(c.Table + "_uid"), // named before migration 5 renamed the column
 		TypeCheck:      ident(c.Table + "_type_check"),
 		HeadersCheck:   ident(c.Table + "_headers_check"),
 		NotifyTrigger:  ident(c.Table + "_notify"),
-		UIDFunc:        ident(c.Schema, c.Table+"_uuidv7"),
+		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
 		FailedIdx:      ident(c.Table + "_failed"),
 		Channel:        c.NotifyChannel,

@@ -20,8 +20,8 @@ type Roles struct {
 	// (the schema check at start-up). Operator commands (stuck, retry,
 	// park, replay, cleanup) work under it too.
 	Relay string
-	// Producer only inserts events: INSERT on the outbox, USAGE on its id
-	// sequence and EXECUTE on the uid default's function. It cannot read
+	// Producer only inserts events: INSERT on the outbox, USAGE on its seq
+	// sequence and EXECUTE on the event_id default's function. It cannot read
 	// payloads back.
 	Producer string
 	// Consumer records processed events for deduplication: SELECT, INSERT,
@@ -70,7 +70,7 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Producer)
 		grant("INSERT", "TABLE "+n.Outbox, r.Producer)
 		grant("USAGE", "SEQUENCE "+seq, r.Producer)
-		grant("EXECUTE", "FUNCTION "+n.UIDFunc+"()", r.Producer) // the uid default
+		grant("EXECUTE", "FUNCTION "+n.EventIDFunc+"()", r.Producer) // the event_id default
 	}
 	if r.Consumer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Consumer)

@@ -189,8 +189,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 			t.Fatalf("relay claimed %d events, want 2", len(c.Events()))
 		}
 		if unordered {
-			ids := []int64{c.Events()[0].ID, c.Events()[1].ID}
-			if err := c.Complete(ctx, ids[:1], []core.Failure{{ID: ids[1], Reason: "test", RetryAt: time.Now()}}); err != nil {
+			ids := []int64{c.Events()[0].Seq, c.Events()[1].Seq}
+			if err := c.Complete(ctx, ids[:1], []core.Failure{{Seq: ids[1], Reason: "test", RetryAt: time.Now()}}); err != nil {
 				t.Fatalf("relay complete: %v", err)
 			}
 		} else if err := c.Release(ctx); err != nil {
@@ -213,7 +213,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		processed+" WHERE processed_at < now() - interval '1 day' FOR UPDATE SKIP LOCKED)"); err != nil {
 		t.Errorf("relay processed retention delete: %v", err)
 	}
-	_, err = f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (uid, aggregate_id, type, payload) VALUES ($1, $1, 't', '{}')", uuid.NewString())
+	_, err = f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload) VALUES ($1, $1, 't', '{}')", uuid.NewString())
 	mustDeny(t, "relay inserts an event", err)
 	_, err = f.relay.Exec(ctx, "DROP TABLE "+f.table())
 	mustDeny(t, "relay drops the outbox", err)

@@ -14,8 +14,8 @@ type Insert struct{ sql string }
 // Payloads must be JSON and Headers JSON objects of strings (nil for none);
 // the caller has checked them.
 type InsertRows struct {
-	UIDs, AggregateIDs, Types, Payloads []string
-	Headers                             []*string
+	IDs, AggregateIDs, Types, Payloads []string
+	Headers                            []*string
 }
 
 // NewInsert prepares the insert into the outbox cfg names.
@@ -24,14 +24,14 @@ func NewInsert(cfg Config) (*Insert, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Insert{sql: `INSERT INTO ` + cfg.names().Outbox + ` (uid, aggregate_id, type, payload, headers)
+	return &Insert{sql: `INSERT INTO ` + cfg.names().Outbox + ` (event_id, aggregate_id, type, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5::text[]::jsonb[])`}, nil
 }
 
 // Exec inserts rows with tx, usually the caller's own transaction.
 func (i *Insert) Exec(ctx context.Context, tx Execer, rows InsertRows) error {
-	if _, err := tx.Exec(ctx, i.sql, rows.UIDs, rows.AggregateIDs, rows.Types, rows.Payloads, rows.Headers); err != nil {
-		return fmt.Errorf("insert %d events: %w", len(rows.UIDs), err)
+	if _, err := tx.Exec(ctx, i.sql, rows.IDs, rows.AggregateIDs, rows.Types, rows.Payloads, rows.Headers); err != nil {
+		return fmt.Errorf("insert %d events: %w", len(rows.IDs), err)
 	}
 	return nil
 }

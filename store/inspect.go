@@ -56,17 +56,17 @@ type EventQuery struct {
 	// Fingerprint matches events whose last error has this fingerprint
 	// (FailureGroup.Fingerprint).
 	Fingerprint string
-	// After continues a listing past the event with this row id: the next
-	// page starts after the last id of the previous one. Events are listed
-	// in id order, oldest first, except StateDispatched, newest first.
+	// After continues a listing past the event at this seq: the next page
+	// starts after the last seq of the previous one. Events are listed in
+	// seq order, oldest first, except StateDispatched, newest first.
 	After int64
 	Limit int // default DefaultEventsLimit, at most MaxEventsLimit
 }
 
 // EventInfo is one event as a listing shows it.
 type EventInfo struct {
-	ID           int64
-	UID          string
+	Seq          int64  // position in the table
+	ID           string // identity, a UUID
 	AggregateID  string
 	Type         string
 	CreatedAt    time.Time
@@ -105,18 +105,18 @@ func (e EventInfo) State() EventState {
 }
 
 // infoCols are the columns scanInfo reads, for the outbox row aliased o.
-// The two counts walk the (aggregate_id, id) index of pending rows.
+// The two counts walk the (aggregate_id, seq) index of pending rows.
 func (s *Store) infoCols() string {
 	t := s.n.Outbox
-	return `o.id, o.uid::text, o.aggregate_id::text, o.type, o.created_at, o.dispatched_at, o.attempts,
+	return `o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.dispatched_at, o.attempts,
        COALESCE(o.last_error, ''), o.failed_at, o.retry_at, o.parked_at, COALESCE(o.parked_reason, ''),
        CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN (
            SELECT count(*) FROM ` + t + ` l
-           WHERE l.aggregate_id = o.aggregate_id AND l.id > o.id
+           WHERE l.aggregate_id = o.aggregate_id AND l.seq > o.seq
              AND l.dispatched_at IS NULL AND l.parked_at IS NULL) ELSE 0 END,
        CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN (
-           SELECT min(e.id) FROM ` + t + ` e
-           WHERE e.aggregate_id = o.aggregate_id AND e.id < o.id
+           SELECT min(e.seq) FROM ` + t + ` e
+           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
              AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END`
 }
 
@@ -126,7 +126,7 @@ func scanInfo(row pgx.Row, extra ...any) (EventInfo, error) {
 		dispatched, failed, retry, park pgtype.Timestamptz
 		waitsFor                        *int64
 	)
-	dest := append([]any{&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.CreatedAt, &dispatched, &e.Attempts,
+	dest := append([]any{&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.CreatedAt, &dispatched, &e.Attempts,
 		&e.LastError, &failed, &retry, &park, &e.ParkedReason, &e.HeldBack, &waitsFor}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return EventInfo{}, err
@@ -220,11 +220,11 @@ func (s *Store) Events(ctx context.Context, q EventQuery) ([]EventInfo, error) {
 	}
 	const pending = "o.dispatched_at IS NULL AND o.parked_at IS NULL"
 	// Each state's condition lets PostgreSQL use the partial index of its
-	// rows: pending (id), parked (id), dispatched (the primary key).
+	// rows: pending (seq), parked (seq), dispatched (the primary key).
 	var state string
 	args := []any{q.After, q.Limit}
-	order := "o.id"
-	cursor := "o.id > $1"
+	order := "o.seq"
+	cursor := "o.seq > $1"
 	switch q.State {
 	case StatePending:
 		state = pending
@@ -239,7 +239,7 @@ func (s *Store) Events(ctx context.Context, q EventQuery) ([]EventInfo, error) {
 		state = "o.dispatched_at IS NULL AND o.parked_at IS NOT NULL"
 	case StateDispatched:
 		state = "o.dispatched_at IS NOT NULL"
-		order, cursor = "o.id DESC", "($1 = 0 OR o.id < $1)"
+		order, cursor = "o.seq DESC", "($1 = 0 OR o.seq < $1)"
 	default:
 		return nil, fmt.Errorf("list events: state %q is not one of %s", q.State, statesList())
 	}
@@ -277,10 +277,10 @@ func statesList() string {
 	return strings.Join(names, ", ")
 }
 
-// ErrEventNotFound is returned by Event for an id or uid not in the table.
+// ErrEventNotFound is returned by Event for a seq or event id not in the table.
 var ErrEventNotFound = errors.New("event not found")
 
-// NeighbourWindow bounds how far, in row ids, Event looks either side of
+// NeighbourWindow bounds how far, in seqs, Event looks either side of
 // an event for the other events of its aggregate: the table has no index
 // over all of an aggregate's rows (only its pending ones), so the search
 // walks the primary key and must stop. Pending events of the aggregate are
@@ -294,7 +294,7 @@ type EventDetail struct {
 	Payload []byte // the payload column's text, JSON as the producer wrote it
 	Headers []byte // the headers column's text, JSON; nil when NULL
 	// Before and After are the nearest events of the same aggregate, up to
-	// a few on each side, in id order: every pending one and the others
+	// a few on each side, in seq order: every pending one and the others
 	// within NeighbourWindow rows.
 	Before, After []EventInfo
 }
@@ -302,24 +302,24 @@ type EventDetail struct {
 // neighbours is how many events Event returns on each side.
 const neighbours = 5
 
-// Event returns the event with row id id, or with uid uid when id is
+// Event returns the event at seq, or with the event id id when seq is
 // zero, wrapping ErrEventNotFound when there is none.
-func (s *Store) Event(ctx context.Context, id int64, uid string) (EventDetail, error) {
+func (s *Store) Event(ctx context.Context, seq int64, id string) (EventDetail, error) {
 	var (
 		cond string
 		arg  any
 	)
 	switch {
-	case id > 0:
-		cond, arg = "o.id = $1", id
-	case id == 0 && uid != "":
-		u, err := uuid.Parse(uid)
+	case seq > 0:
+		cond, arg = "o.seq = $1", seq
+	case seq == 0 && id != "":
+		u, err := uuid.Parse(id)
 		if err != nil {
-			return EventDetail{}, fmt.Errorf("read event: uid %q is not a UUID", uid)
+			return EventDetail{}, fmt.Errorf("read event: event id %q is not a UUID", id)
 		}
-		cond, arg = "o.uid = $1::uuid", u.String()
+		cond, arg = "o.event_id = $1::uuid", u.String()
 	default:
-		return EventDetail{}, fmt.Errorf("read event: id %d is not a valid event id", id)
+		return EventDetail{}, fmt.Errorf("read event: seq %d is not a valid event position", seq)
 	}
 	var (
 		d       EventDetail
@@ -341,32 +341,32 @@ func (s *Store) Event(ctx context.Context, id int64, uid string) (EventDetail, e
 	t := s.n.Outbox
 	// The nearest rows of the aggregate either side within the window,
 	// and its pending rows through their index; UNION drops the overlap.
-	sql := `SELECT ` + s.infoCols() + ` FROM ` + t + ` o WHERE o.id IN (
-    (SELECT id FROM ` + t + ` WHERE aggregate_id = $1::uuid AND id < $2 AND id >= $2 - $3 ORDER BY id DESC LIMIT $4)
-    UNION (SELECT id FROM ` + t + ` WHERE aggregate_id = $1::uuid AND id > $2 AND id <= $2 + $3 ORDER BY id LIMIT $4)
-    UNION (SELECT id FROM ` + t + ` WHERE aggregate_id = $1::uuid AND id < $2
-           AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY id DESC LIMIT $4)
-    UNION (SELECT id FROM ` + t + ` WHERE aggregate_id = $1::uuid AND id > $2
-           AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $4))
-ORDER BY o.id`
-	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.ID, NeighbourWindow, neighbours)
+	sql := `SELECT ` + s.infoCols() + ` FROM ` + t + ` o WHERE o.seq IN (
+    (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq < $2 AND seq >= $2 - $3 ORDER BY seq DESC LIMIT $4)
+    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq > $2 AND seq <= $2 + $3 ORDER BY seq LIMIT $4)
+    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq < $2
+           AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY seq DESC LIMIT $4)
+    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq > $2
+           AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT $4))
+ORDER BY o.seq`
+	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.Seq, NeighbourWindow, neighbours)
 	if err != nil {
-		return EventDetail{}, fmt.Errorf("read neighbours of event %d: %w", d.ID, err)
+		return EventDetail{}, fmt.Errorf("read neighbours of event %d: %w", d.Seq, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		n, err := scanInfo(rows)
 		if err != nil {
-			return EventDetail{}, fmt.Errorf("read neighbours of event %d: scan: %w", d.ID, err)
+			return EventDetail{}, fmt.Errorf("read neighbours of event %d: scan: %w", d.Seq, err)
 		}
-		if n.ID < d.ID {
+		if n.Seq < d.Seq {
 			d.Before = append(d.Before, n)
 		} else {
 			d.After = append(d.After, n)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return EventDetail{}, fmt.Errorf("read neighbours of event %d: %w", d.ID, err)
+		return EventDetail{}, fmt.Errorf("read neighbours of event %d: %w", d.Seq, err)
 	}
 	// The nearest few on each side: pending ones from further away may
 	// have joined the window's.
@@ -384,7 +384,7 @@ ORDER BY o.id`
 type FailureGroup struct {
 	Fingerprint string // the error with its varying parts replaced (see Events' Fingerprint filter)
 	Example     string // the most recent full error of the group
-	ExampleID   int64  // the event that failed with Example
+	ExampleSeq  int64  // the event that failed with Example
 	Events      int64
 	Held        int64 // of Events, held for an operator
 	Retrying    int64 // backing off
@@ -407,16 +407,16 @@ func (s *Store) Failures(ctx context.Context) ([]FailureGroup, error) {
 	// (pending, parked) instead of a scan for dispatched_at IS NULL.
 	sql := `
 WITH f AS (
-    SELECT id, type, last_error, failed_at, retry_at, false AS parked FROM ` + t + `
+    SELECT seq, type, last_error, failed_at, retry_at, false AS parked FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND last_error IS NOT NULL
     UNION ALL
-    SELECT id, type, last_error, failed_at, retry_at, true FROM ` + t + `
+    SELECT seq, type, last_error, failed_at, retry_at, true FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NOT NULL AND last_error IS NOT NULL
 ), g AS (
     SELECT ` + fingerprint("last_error") + ` AS fp, * FROM f
 )
-SELECT fp, (array_agg(last_error ORDER BY failed_at DESC NULLS LAST, id DESC))[1],
-       (array_agg(id ORDER BY failed_at DESC NULLS LAST, id DESC))[1],
+SELECT fp, (array_agg(last_error ORDER BY failed_at DESC NULLS LAST, seq DESC))[1],
+       (array_agg(seq ORDER BY failed_at DESC NULLS LAST, seq DESC))[1],
        count(*),
        count(*) FILTER (WHERE NOT parked AND retry_at = 'infinity'),
        count(*) FILTER (WHERE NOT parked AND retry_at > now() AND retry_at < 'infinity'),
@@ -435,7 +435,7 @@ FROM g GROUP BY fp ORDER BY count(*) DESC, max(failed_at) DESC NULLS LAST LIMIT 
 			g           FailureGroup
 			first, last pgtype.Timestamptz
 		)
-		if err := rows.Scan(&g.Fingerprint, &g.Example, &g.ExampleID, &g.Events, &g.Held, &g.Retrying, &g.Parked,
+		if err := rows.Scan(&g.Fingerprint, &g.Example, &g.ExampleSeq, &g.Events, &g.Held, &g.Retrying, &g.Parked,
 			&g.Types, &first, &last); err != nil {
 			return nil, fmt.Errorf("group failures: scan: %w", err)
 		}

@@ -17,7 +17,7 @@ import (
 func infoIDs(list []store.EventInfo) []int64 {
 	ids := make([]int64, len(list))
 	for i, e := range list {
-		ids[i] = e.ID
+		ids[i] = e.Seq
 	}
 	return ids
 }
@@ -32,7 +32,7 @@ func (f *poisonFixture) events(q store.EventQuery) []int64 {
 		// Held and retrying events are pending too.
 		undispatched := e.State() != store.StateDispatched && e.State() != store.StateParked
 		if ok := e.State() == q.State || (q.State == store.StatePending || q.State == store.StateStuck) && undispatched; !ok {
-			f.t.Errorf("Events(%s) listed event %d in state %s", q.State, e.ID, e.State())
+			f.t.Errorf("Events(%s) listed event %d in state %s", q.State, e.Seq, e.State())
 		}
 	}
 	return infoIDs(list)
@@ -45,8 +45,8 @@ func (f *poisonFixture) fail(retryIn time.Duration, reasons map[int64]string) {
 	c, _ := f.claim(1000)
 	var failed []core.Failure
 	for _, e := range c.Events() {
-		if r, ok := reasons[e.ID]; ok {
-			fl := core.Failure{ID: e.ID, Reason: r}
+		if r, ok := reasons[e.Seq]; ok {
+			fl := core.Failure{Seq: e.Seq, Reason: r}
 			if retryIn > 0 {
 				fl.RetryAt = time.Now().Add(retryIn)
 			}
@@ -74,7 +74,7 @@ func TestEventsByStateAndFilter(t *testing.T) {
 	if err := cl.Complete(f.ctx, []int64{cIDs[0]}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.st.Park(f.ctx, store.Selector{IDs: []int64{cIDs[1]}}, "bad data"); err != nil {
+	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: []int64{cIDs[1]}}, "bad data"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -103,7 +103,7 @@ func TestEventsByStateAndFilter(t *testing.T) {
 		}
 	}
 	// Old pending events are stuck too.
-	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE id = $1`, aIDs[2]); err != nil {
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE seq = $1`, aIDs[2]); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.events(store.EventQuery{State: store.StateStuck, StuckAfter: time.Minute}); !slices.Equal(got, []int64{aIDs[0], aIDs[2]}) {
@@ -138,14 +138,14 @@ func TestEventDetailWithNeighbours(t *testing.T) {
 	agg := uuid.NewString()
 	ids := f.write(agg, "a.one", "a.two", "a.three", "a.four")
 	other := f.write(uuid.NewString(), "b.one")
-	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET headers = '{"k":"v"}', dispatched_at = now() WHERE id = $1`, ids[0]); err != nil {
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET headers = '{"k":"v"}', dispatched_at = now() WHERE seq = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
 	d, err := f.st.Event(f.ctx, ids[1], "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.ID != ids[1] || d.Type != "a.two" || string(d.Payload) != `{"t":"a.two"}` || d.Headers != nil {
+	if d.Seq != ids[1] || d.Type != "a.two" || string(d.Payload) != `{"t":"a.two"}` || d.Headers != nil {
 		t.Errorf("detail = %+v, payload %s", d.EventInfo, d.Payload)
 	}
 	if got := infoIDs(d.Before); !slices.Equal(got, ids[:1]) {
@@ -157,9 +157,9 @@ func TestEventDetailWithNeighbours(t *testing.T) {
 	if d.HeldBack != 2 || d.After[0].WaitsFor != ids[1] {
 		t.Errorf("held back %d, next waits for %d; want 2 and %d", d.HeldBack, d.After[0].WaitsFor, ids[1])
 	}
-	byUID, err := f.st.Event(f.ctx, 0, d.UID)
-	if err != nil || byUID.ID != d.ID {
-		t.Errorf("by uid %s: %d, %v", d.UID, byUID.ID, err)
+	byID, err := f.st.Event(f.ctx, 0, d.ID)
+	if err != nil || byID.Seq != d.Seq {
+		t.Errorf("by event id %s: %d, %v", d.ID, byID.Seq, err)
 	}
 	first, err := f.st.Event(f.ctx, ids[0], "")
 	if err != nil || string(first.Headers) != `{"k": "v"}` || first.State() != store.StateDispatched {
@@ -169,10 +169,10 @@ func TestEventDetailWithNeighbours(t *testing.T) {
 		t.Errorf("missing id: %v, want ErrEventNotFound", err)
 	}
 	if _, err := f.st.Event(f.ctx, 0, uuid.NewString()); err == nil {
-		t.Error("missing uid: no error")
+		t.Error("missing event id: no error")
 	}
 	if _, err := f.st.Event(f.ctx, 0, "x"); err == nil {
-		t.Error("bad uid: no error")
+		t.Error("bad event id: no error")
 	}
 }
 
@@ -182,7 +182,7 @@ func TestEventNeighboursWindow(t *testing.T) {
 	f := newPoisonFixture(t)
 	agg := uuid.NewString()
 	first := f.write(agg, "a.one")
-	if _, err := f.pool.Exec(f.ctx, `SELECT setval(pg_get_serial_sequence($1, 'id'), $2)`, f.table(), first[0]+store.NeighbourWindow+10); err != nil {
+	if _, err := f.pool.Exec(f.ctx, `SELECT setval(pg_get_serial_sequence($1, 'seq'), $2)`, f.table(), first[0]+store.NeighbourWindow+10); err != nil {
 		t.Fatal(err)
 	}
 	second := f.write(agg, "a.two")
@@ -194,7 +194,7 @@ func TestEventNeighboursWindow(t *testing.T) {
 	if got := infoIDs(d.Before); !slices.Equal(got, first) || d.WaitsFor != first[0] {
 		t.Errorf("before = %v, waits for %d; want the pending %v far away", got, d.WaitsFor, first)
 	}
-	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now() WHERE id = $1`, first[0]); err != nil {
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now() WHERE seq = $1`, first[0]); err != nil {
 		t.Fatal(err)
 	}
 	d, err = f.st.Event(f.ctx, second[0], "")
@@ -223,7 +223,7 @@ func TestFailuresGroupedByFingerprint(t *testing.T) {
 		reasons[id] = fmt.Sprintf("dial tcp 10.0.0.%d:9092: i/o timeout after 30s", id)
 	}
 	f.fail(time.Hour, reasons)
-	if _, err := f.st.Park(f.ctx, store.Selector{IDs: notFound[2:]}, "given up"); err != nil {
+	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: notFound[2:]}, "given up"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -247,8 +247,8 @@ func TestFailuresGroupedByFingerprint(t *testing.T) {
 	if nf.FirstSeen.IsZero() || nf.LastSeen.Before(nf.FirstSeen) || time.Since(nf.LastSeen) > time.Minute {
 		t.Errorf("first/last seen %v %v", nf.FirstSeen, nf.LastSeen)
 	}
-	if !contains(notFound, nf.ExampleID) {
-		t.Errorf("example %d is not one of %v", nf.ExampleID, notFound)
+	if !contains(notFound, nf.ExampleSeq) {
+		t.Errorf("example %d is not one of %v", nf.ExampleSeq, notFound)
 	}
 	// The fingerprint selects the group's events again.
 	got := f.events(store.EventQuery{State: store.StateHeld, Fingerprint: nf.Fingerprint})
@@ -267,10 +267,10 @@ func TestFailuresGroupedByFingerprint(t *testing.T) {
 		t.Errorf("selector reads %q", bySel)
 	}
 	// A replay clears what a failure recorded.
-	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now(), retry_at = NULL WHERE id = $1`, timeouts[0]); err != nil {
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now(), retry_at = NULL WHERE seq = $1`, timeouts[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.st.Replay(f.ctx, store.Selector{IDs: timeouts[:1]}, store.ReplayOptions{}); err != nil {
+	if _, err := f.st.Replay(f.ctx, store.Selector{Seqs: timeouts[:1]}, store.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	d, err := f.st.Event(f.ctx, timeouts[0], "")
@@ -284,7 +284,7 @@ func TestActivityPerMinute(t *testing.T) {
 	opsInsert(t, pool, cfg,
 		opsRow{dispatchedAgo: time.Second}, opsRow{dispatchedAgo: 2 * time.Second},
 		opsRow{dispatchedAgo: 3 * time.Minute}, opsRow{dispatchedAgo: 2 * time.Hour})
-	if _, err := pool.Exec(context.Background(), `UPDATE `+`"`+cfg.Schema+`".events_outbox SET failed_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) FROM "`+cfg.Schema+`".events_outbox)`); err != nil {
+	if _, err := pool.Exec(context.Background(), `UPDATE `+`"`+cfg.Schema+`".events_outbox SET failed_at = now() - interval '10 minutes' WHERE seq = (SELECT min(seq) FROM "`+cfg.Schema+`".events_outbox)`); err != nil {
 		t.Fatal(err)
 	}
 	mins, err := st.Activity(context.Background(), 60)

@@ -141,7 +141,7 @@ type ReplayOptions struct {
 }
 
 // Replay makes dispatched events matching sel pending again, so the relay
-// publishes them once more with the same row id, uid and payload:
+// publishes them once more with the same seq, event_id and payload:
 // consumers that already processed them drop them as duplicates, and a
 // consumer that lost their effects gets them back. Pending and parked events
 // are left alone. It works in batches of one short transaction each, in id
@@ -159,19 +159,19 @@ func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
 		return 0, fmt.Errorf("replay events: %w", err)
 	}
 	t := s.n.Outbox
-	match := `SELECT id FROM ` + t + `
-    WHERE id > $1 AND dispatched_at IS NOT NULL AND ` + cond + `
-    ORDER BY id LIMIT $2`
+	match := `SELECT seq FROM ` + t + `
+    WHERE seq > $1 AND dispatched_at IS NOT NULL AND ` + cond + `
+    ORDER BY seq LIMIT $2`
 	var sql string
 	if opts.DryRun {
-		sql = `SELECT count(*), COALESCE(max(id), 0) FROM (` + match + `) m`
+		sql = `SELECT count(*), COALESCE(max(seq), 0) FROM (` + match + `) m`
 	} else {
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
 		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
     UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL
-    FROM m WHERE o.id = m.id RETURNING o.id)
-SELECT count(*), COALESCE(max(id), 0) FROM u`
+    FROM m WHERE o.seq = m.seq RETURNING o.seq)
+SELECT count(*), COALESCE(max(seq), 0) FROM u`
 	}
 	var total, after int64
 	for {
@@ -321,8 +321,8 @@ func (s *Store) Cleanup(ctx context.Context, opts CleanupOptions) (CleanupResult
 			count: `SELECT count(*) FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL`,
 			// SKIP LOCKED: a row someone holds (a replay) is left for
 			// the next run rather than waited for.
-			del: `DELETE FROM ` + s.n.Outbox + ` WHERE id IN (
-    SELECT id FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL
+			del: `DELETE FROM ` + s.n.Outbox + ` WHERE seq IN (
+    SELECT seq FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL
     ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		},
 		{

@@ -37,8 +37,8 @@ type StuckQuery struct {
 
 // StuckEvent is one event that has not gone out.
 type StuckEvent struct {
-	ID          int64
-	UID         string
+	Seq         int64
+	ID          string
 	AggregateID string
 	Type        string
 	CreatedAt   time.Time
@@ -82,28 +82,28 @@ func (s *Store) Stuck(ctx context.Context, q StuckQuery) ([]StuckEvent, error) {
 	t := s.n.Outbox
 	// Pending and parked rows are found through their own indexes; the
 	// two counts use the (aggregate_id, id) index of the pending rows.
-	pending := `SELECT id FROM ` + t + `
+	pending := `SELECT seq FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL
       AND (created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity')
-    ORDER BY id LIMIT $2`
+    ORDER BY seq LIMIT $2`
 	if q.IncludeParked {
-		pending = `(` + pending + `) UNION ALL (SELECT id FROM ` + t + `
-    WHERE dispatched_at IS NULL AND parked_at IS NOT NULL ORDER BY id LIMIT $2)`
+		pending = `(` + pending + `) UNION ALL (SELECT seq FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NOT NULL ORDER BY seq LIMIT $2)`
 	}
 	sql := `
-SELECT o.id, o.uid::text, o.aggregate_id::text, o.type, o.created_at, o.attempts,
+SELECT o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.attempts,
        COALESCE(o.last_error, ''), o.retry_at, o.parked_at, COALESCE(o.parked_reason, ''),
        CASE WHEN o.parked_at IS NULL THEN (
            SELECT count(*) FROM ` + t + ` l
-           WHERE l.aggregate_id = o.aggregate_id AND l.id > o.id
+           WHERE l.aggregate_id = o.aggregate_id AND l.seq > o.seq
              AND l.dispatched_at IS NULL AND l.parked_at IS NULL) ELSE 0 END,
        CASE WHEN o.parked_at IS NULL THEN (
-           SELECT min(e.id) FROM ` + t + ` e
-           WHERE e.aggregate_id = o.aggregate_id AND e.id < o.id
+           SELECT min(e.seq) FROM ` + t + ` e
+           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
              AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END
 FROM ` + t + ` o
-WHERE o.id IN (` + pending + `)
-ORDER BY o.id
+WHERE o.seq IN (` + pending + `)
+ORDER BY o.seq
 LIMIT $2`
 	rows, err := s.pool.Query(ctx, sql, q.OlderThan.Seconds(), q.Limit)
 	if err != nil {
@@ -117,7 +117,7 @@ LIMIT $2`
 			retry, parked pgtype.Timestamptz
 			waitsFor      *int64
 		)
-		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.CreatedAt, &e.Attempts,
+		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.CreatedAt, &e.Attempts,
 			&e.LastError, &retry, &parked, &e.ParkedReason, &e.HeldBack, &waitsFor); err != nil {
 			return nil, fmt.Errorf("list stuck events: scan: %w", err)
 		}
@@ -175,8 +175,8 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	return n, nil
 }
 
-// Unpark puts parked events back in the pending set with the same id and
-// uid, ready now. In ordered mode an unparked event again goes before the
+// Unpark puts parked events back in the pending set with the same seq and
+// event_id, ready now. In ordered mode an unparked event again goes before the
 // later pending events of its aggregate; events of that aggregate published
 // while it was parked stay published, so consumers see it after them.
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
@@ -208,10 +208,10 @@ func (s *Store) update(ctx context.Context, sel Selector, state, set string, set
 		return 0, err
 	}
 	sql := `UPDATE ` + s.n.Outbox + ` AS u SET ` + set + `
-WHERE u.id IN (
-    SELECT o.id FROM ` + s.n.Outbox + ` o
+WHERE u.seq IN (
+    SELECT o.seq FROM ` + s.n.Outbox + ` o
     WHERE o.dispatched_at IS NULL AND ` + state + ` AND ` + cond + `
-    ORDER BY o.id
+    ORDER BY o.seq
     LIMIT $` + strconv.Itoa(len(setArgs)+1) + `
     FOR UPDATE)`
 	tag, err := s.pool.Exec(ctx, sql, append(append(setArgs, MaxSelected), args...)...)

@@ -50,7 +50,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	n := cfg.names()
 	// Candidates carry every column the relay needs, so no statement reads a
 	// row twice, and their size, so no oversized payload leaves the server.
-	cols := "id, uid::text AS uid, aggregate_id, type, payload, headers, created_at, attempts," +
+	cols := "seq, event_id::text AS event_id, aggregate_id, type, payload, headers, created_at, attempts," +
 		" octet_length(payload::text) + coalesce(octet_length(headers::text), 0) AS size"
 	pending := `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
 	// The result sends a row's payload only when the row fits the event
@@ -61,10 +61,10 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	// The first fitting row is always within, so a claim makes progress
 	// whatever the limits.
 	within := `(w.total <= $3 OR w.total = c.size)`
-	result := `c.id, c.uid, c.aggregate_id::text, c.type,
+	result := `c.seq, c.event_id, c.aggregate_id::text, c.type,
        CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload::text END,
        c.headers::text, c.created_at, c.attempts, c.size, ` + within
-	running := `SELECT id, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY id) AS total FROM cand`
+	running := `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
 	// retry. Then, per aggregate in the claim, the first pending event the
@@ -81,44 +81,44 @@ WITH held AS (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
     WHERE ` + pending + `
       AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
-    ORDER BY id
+    ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), gate AS MATERIALIZED (
     SELECT a.aggregate_id, (
-        SELECT p.id FROM ` + n.Outbox + ` p
+        SELECT p.seq FROM ` + n.Outbox + ` p
         WHERE p.aggregate_id = a.aggregate_id
           AND p.dispatched_at IS NULL AND p.parked_at IS NULL
-          AND p.id NOT IN (SELECT id FROM cand)
-        ORDER BY p.id
+          AND p.seq NOT IN (SELECT seq FROM cand)
+        ORDER BY p.seq
         LIMIT 1
     ) AS first_out
     FROM (SELECT DISTINCT aggregate_id FROM cand) a
 ), w AS (` + running + `)
 SELECT ` + result + `,
-       g.first_out IS NULL OR c.id < g.first_out
-FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id JOIN w ON w.id = c.id
-ORDER BY c.id`
+       g.first_out IS NULL OR c.seq < g.first_out
+FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
+ORDER BY c.seq`
 	unordered := `
 WITH cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
     WHERE ` + pending + `
-    ORDER BY id
+    ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), w AS (` + running + `)
 SELECT ` + result + `, true
-FROM cand c JOIN w ON w.id = c.id
-ORDER BY c.id`
+FROM cand c JOIN w ON w.seq = c.seq
+ORDER BY c.seq`
 	return &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
 		claimOrdered:   ordered,
 		claimUnordered: unordered,
-		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE id = ANY($1)`,
+		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
 SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
-FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(id, reason, retry_at)
-WHERE o.id = f.id`,
+FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
+WHERE o.seq = f.seq`,
 	}, nil
 }
 
@@ -170,7 +170,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 			size           int64
 			within, passes bool
 		)
-		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &headers, &e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
+		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &headers, &e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
 			rows.Close()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
@@ -300,7 +300,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 		reasons := make([]string, len(failed))
 		retry := make([]*time.Time, len(failed))
 		for i, f := range failed {
-			ids[i] = f.ID
+			ids[i] = f.Seq
 			reasons[i] = truncate(f.Reason, maxReason)
 			if !f.RetryAt.IsZero() {
 				t := f.RetryAt

@@ -63,7 +63,7 @@ func (in *instance) Produce(ctx context.Context, events []core.Event, commit boo
 	defer tx.Rollback(ctx)
 	msgs := make([]outbox.Message, len(events))
 	for i, e := range events {
-		msgs[i] = outbox.Message{AggregateID: e.AggregateID, Type: e.Type, Payload: e.Payload, Headers: e.Headers, UID: e.UID}
+		msgs[i] = outbox.Message{AggregateID: e.AggregateID, Type: e.Type, Payload: e.Payload, Headers: e.Headers, ID: e.ID}
 	}
 	if err := in.w.Write(ctx, tx, msgs...); err != nil {
 		return err
@@ -75,7 +75,7 @@ func (in *instance) Produce(ctx context.Context, events []core.Event, commit boo
 }
 
 func (in *instance) Pending(ctx context.Context) ([]int64, error) {
-	rows, err := in.pool.Query(ctx, "SELECT id FROM "+in.table()+" WHERE dispatched_at IS NULL ORDER BY id")
+	rows, err := in.pool.Query(ctx, "SELECT seq FROM "+in.table()+" WHERE dispatched_at IS NULL ORDER BY seq")
 	if err != nil {
 		return nil, err
 	}
@@ -141,10 +141,10 @@ func TestKilledClaimIsReclaimable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("claim after the kill: %v", err)
 	}
-	if len(again.Events()) != 1 || again.Events()[0].ID != c.Events()[0].ID {
+	if len(again.Events()) != 1 || again.Events()[0].Seq != c.Events()[0].Seq {
 		t.Fatalf("after the kill claimed %d events, want the killed claim's event", len(again.Events()))
 	}
-	if err := again.Complete(ctx, []int64{again.Events()[0].ID}, nil); err != nil {
+	if err := again.Complete(ctx, []int64{again.Events()[0].Seq}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Release(ctx); err == nil {
@@ -165,7 +165,7 @@ func TestFailureRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	long := strings.Repeat("é", 3000) // 6000 bytes: cut to the limit on a rune boundary
-	if err := c.Complete(ctx, nil, []core.Failure{{ID: c.Events()[0].ID, Reason: long}}); err != nil {
+	if err := c.Complete(ctx, nil, []core.Failure{{Seq: c.Events()[0].Seq, Reason: long}}); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
 	var (
@@ -204,8 +204,8 @@ func TestPayloadAndHeadersRoundTrip(t *testing.T) {
 	if len(e.Headers) != 2 || e.Headers["traceparent"] != headers["traceparent"] || e.Headers["tenant"] != headers["tenant"] {
 		t.Fatalf("headers came back as %v, want %v", e.Headers, headers)
 	}
-	if e.AggregateID != agg || e.UID == "" {
-		t.Fatalf("aggregate %q uid %q", e.AggregateID, e.UID)
+	if e.AggregateID != agg || e.ID == "" {
+		t.Fatalf("aggregate %q uid %q", e.AggregateID, e.ID)
 	}
 }
 
@@ -302,7 +302,7 @@ func TestHostileNames(t *testing.T) {
 	if len(c.Events()) != 1 {
 		t.Fatalf("claimed %d events, want 1", len(c.Events()))
 	}
-	if err := c.Complete(ctx, []int64{c.Events()[0].ID}, nil); err != nil {
+	if err := c.Complete(ctx, []int64{c.Events()[0].Seq}, nil); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
 	var n int
@@ -325,7 +325,7 @@ type recordingPublisher struct{ got chan string }
 
 func (p *recordingPublisher) Publish(ctx context.Context, e *core.Event) error {
 	select {
-	case p.got <- e.UID:
+	case p.got <- e.ID:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -380,7 +380,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func writeAndAwait(t *testing.T, in *instance, pub *recordingPublisher, within time.Duration) time.Duration {
 	t.Helper()
 	ctx := context.Background()
-	ev := core.Event{UID: uuid.NewString(), AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}
+	ev := core.Event{ID: uuid.NewString(), AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}
 	start := time.Now()
 	if err := in.Produce(ctx, []core.Event{ev}, true); err != nil {
 		t.Fatal(err)
@@ -389,7 +389,7 @@ func writeAndAwait(t *testing.T, in *instance, pub *recordingPublisher, within t
 	for {
 		select {
 		case uid := <-pub.got:
-			if uid == ev.UID {
+			if uid == ev.ID {
 				return time.Since(start)
 			}
 		case <-timeout:
@@ -444,7 +444,7 @@ func TestWriteWakesRelay(t *testing.T) {
 	ctx := context.Background()
 	var uid string
 	err := pool.QueryRow(ctx, `INSERT INTO `+in.table()+` (aggregate_id, type, payload)
-VALUES ('00000000-0000-4000-8000-000000000002', 'order.placed', '{"n":1}') RETURNING uid::text`).Scan(&uid)
+VALUES ('00000000-0000-4000-8000-000000000002', 'order.placed', '{"n":1}') RETURNING event_id::text`).Scan(&uid)
 	if err != nil {
 		t.Fatalf("plain SQL insert: %v", err)
 	}

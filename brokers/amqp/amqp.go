@@ -247,7 +247,7 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 
 // properties sets the standard AMQP properties consumers look at first.
 func properties(p amqp091.Publishing) amqp091.Publishing {
-	p.MessageId, _ = p.Headers[core.HeaderEventUID].(string)
+	p.MessageId, _ = p.Headers[core.HeaderEventID].(string)
 	p.Type, _ = p.Headers[core.HeaderType].(string)
 	p.ContentType = "application/json"
 	return p

@@ -105,8 +105,8 @@ func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
 			if d.DeliveryMode != amqp091.Persistent {
 				t.Errorf("delivery mode %d, want persistent", d.DeliveryMode)
 			}
-			if d.MessageId != h[core.HeaderEventUID] {
-				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventUID])
+			if d.MessageId != h[core.HeaderEventID] {
+				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventID])
 			}
 			got = append(got, brokertest.Message{Headers: h, Body: d.Body})
 		case <-timeout:
@@ -155,7 +155,7 @@ func TestFixedExchange(t *testing.T) {
 	}
 	defer pub.Close()
 	topic := "fixed" + strings.ReplaceAll(t.Name(), "/", "-")
-	e := &core.Event{ID: 3, UID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
+	e := &core.Event{Seq: 3, ID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
 	r := &brokers.Routing{Fixed: topic}
 	p2, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, r, nil)
 	if err != nil {
@@ -165,7 +165,7 @@ func TestFixedExchange(t *testing.T) {
 	if err := p2.Publish(t.Context(), e); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventID] != "3" {
+	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventSeq] != "3" {
 		t.Errorf("got %+v", got[0])
 	}
 }
@@ -191,7 +191,7 @@ func TestPermanentErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	e := &core.Event{ID: 1, UID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+	e := &core.Event{Seq: 1, ID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
 	if err := pub.Publish(t.Context(), e); !core.IsPermanent(err) {
 		t.Errorf("publish to an exchange declared differently: %v, want a permanent error", err)
 	}
@@ -206,8 +206,8 @@ func TestPermanentErrors(t *testing.T) {
 		t.Errorf("passive publish to a missing exchange: %v, want a permanent error", err)
 	}
 	// The publisher recovers its channel and goes on after such errors.
-	good := &core.Event{ID: 2, UID: "u2", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
-	if err := pub.Publish(t.Context(), &core.Event{ID: 2, UID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
+	good := &core.Event{Seq: 2, ID: "u2", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+	if err := pub.Publish(t.Context(), &core.Event{Seq: 2, ID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
 		t.Errorf("second publish to the clashing exchange: %v", err)
 	}
 	ok, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)

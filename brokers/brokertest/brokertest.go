@@ -109,7 +109,7 @@ func (s suite) ctx(t *testing.T) context.Context {
 
 func event(id int64, agg, typ string, payload string, headers map[string]string) *core.Event {
 	return &core.Event{
-		ID: id, UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), AggregateID: agg,
+		Seq: id, ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), AggregateID: agg,
 		Type: typ, Payload: []byte(payload), Headers: headers, CreatedAt: time.Now(),
 	}
 }
@@ -139,8 +139,9 @@ func (s suite) bodyAndHeaders(t *testing.T) {
 		t.Errorf("body = %q, want %q", got.Body, want)
 	}
 	wantHeaders := map[string]string{
-		core.HeaderEventUID:    e.UID,
-		core.HeaderEventID:     "41",
+		core.HeaderEventID:     e.ID,
+		core.HeaderEventUID:    e.ID,
+		core.HeaderEventSeq:    "41",
 		core.HeaderType:        "order.placed",
 		core.HeaderAggregateID: "order-7",
 		"traceparent":          e.Headers["traceparent"],
@@ -226,7 +227,7 @@ func (s suite) order(t *testing.T) {
 	for i := range perAggregate {
 		for a := range aggregates {
 			store.Add(core.Event{
-				UID: fmt.Sprintf("00000000-0000-4000-8000-%06d%06d", a, i), AggregateID: fmt.Sprintf("agg-%02d", a),
+				ID: fmt.Sprintf("00000000-0000-4000-8000-%06d%06d", a, i), AggregateID: fmt.Sprintf("agg-%02d", a),
 				Type: "stock.moved", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, i)),
 			})
 		}
@@ -258,9 +259,9 @@ func (s suite) order(t *testing.T) {
 	count := map[string]int{}
 	for _, m := range got {
 		agg := m.Headers[core.HeaderAggregateID]
-		id, err := strconv.ParseInt(m.Headers[core.HeaderEventID], 10, 64)
+		id, err := strconv.ParseInt(m.Headers[core.HeaderEventSeq], 10, 64)
 		if err != nil {
-			t.Fatalf("event_id header %q: %v", m.Headers[core.HeaderEventID], err)
+			t.Fatalf("event_seq header %q: %v", m.Headers[core.HeaderEventSeq], err)
 		}
 		if id <= last[agg] {
 			t.Fatalf("aggregate %s: event %d arrived after %d", agg, id, last[agg])

@@ -45,7 +45,7 @@ func ExampleRun() {
 						t.Fatal(err)
 					}
 					if l.Topic == topic {
-						h := map[string]string{core.HeaderEventUID: l.UID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID}
+						h := map[string]string{core.HeaderEventID: l.ID, core.HeaderEventUID: l.ID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID}
 						for k, v := range l.Headers {
 							h[k] = v
 						}

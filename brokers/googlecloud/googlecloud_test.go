@@ -83,7 +83,7 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	e := &core.Event{ID: 1, UID: "u1", AggregateID: "agg", Type: "t.x", Payload: []byte(`{}`)}
+	e := &core.Event{Seq: 1, ID: "u1", AggregateID: "agg", Type: "t.x", Payload: []byte(`{}`)}
 	srv.SetAutoPublishResponse(false)
 	srv.AddPublishResponse(nil, status.Error(codes.InvalidArgument, "refused"))
 	if err := pub.Publish(t.Context(), e); !core.IsPermanent(err) {
@@ -91,7 +91,7 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 	}
 	// The failure paused the ordering key; the publisher resumes it.
 	srv.AddPublishResponse(&pubsubpb.PublishResponse{MessageIds: []string{"m2"}}, nil)
-	e.ID = 2
+	e.Seq = 2
 	if err := pub.Publish(t.Context(), e); err != nil {
 		t.Fatalf("publish on the same key after a failure: %v", err)
 	}
@@ -109,7 +109,7 @@ func TestMissingTopicIsPermanent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	err = pub.Publish(t.Context(), &core.Event{ID: 1, UID: "u", AggregateID: "a", Type: "absent.x", Payload: []byte(`{}`)})
+	err = pub.Publish(t.Context(), &core.Event{Seq: 1, ID: "u", AggregateID: "a", Type: "absent.x", Payload: []byte(`{}`)})
 	if !core.IsPermanent(err) || !strings.Contains(err.Error(), "absent") {
 		t.Fatalf("publish to a missing topic: %v, want a permanent error naming it", err)
 	}

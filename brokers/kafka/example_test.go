@@ -28,7 +28,7 @@ func ExampleNew() {
 		return
 	}
 	defer pub.Close()
-	err = pub.Publish(ctx, &core.Event{ID: 1, UID: "0b7e5c8e-0000-4000-8000-000000000001",
+	err = pub.Publish(ctx, &core.Event{Seq: 1, ID: "0b7e5c8e-0000-4000-8000-000000000001",
 		AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 	fmt.Println("published:", err == nil)
 	// Output: published: true

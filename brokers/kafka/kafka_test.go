@@ -114,7 +114,7 @@ func TestMessageTooLargeIsPermanent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	e := &core.Event{ID: 1, UID: "u1", AggregateID: "a", Type: "big.thing", Payload: bytes.Repeat([]byte("x"), 10000)}
+	e := &core.Event{Seq: 1, ID: "u1", AggregateID: "a", Type: "big.thing", Payload: bytes.Repeat([]byte("x"), 10000)}
 	err = pub.Publish(t.Context(), e)
 	if !core.IsPermanent(err) {
 		t.Fatalf("publish of a message over the broker's limit: %v, want a permanent error", err)
@@ -151,7 +151,7 @@ func TestSASL(t *testing.T) {
 			if err != nil {
 				t.Fatalf("connect with good credentials: %v", err)
 			}
-			if err := pub.Publish(t.Context(), &core.Event{ID: 1, UID: "u", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}); err != nil {
+			if err := pub.Publish(t.Context(), &core.Event{Seq: 1, ID: "u", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}); err != nil {
 				t.Fatalf("publish: %v", err)
 			}
 			_ = pub.Close()

@@ -27,8 +27,8 @@ func init() {
 
 // Line is the JSON object written for each event.
 type Line struct {
-	ID          int64             `json:"id"`
-	UID         string            `json:"uid"`
+	Seq         int64             `json:"seq"`
+	ID          string            `json:"event_id"`
 	AggregateID string            `json:"aggregate_id"`
 	Type        string            `json:"type"`
 	Topic       string            `json:"topic"`
@@ -62,16 +62,16 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(Line{ID: e.ID, UID: e.UID, AggregateID: e.AggregateID, Type: e.Type,
+	b, err := json.Marshal(Line{Seq: e.Seq, ID: e.ID, AggregateID: e.AggregateID, Type: e.Type,
 		Topic: topic, Payload: e.Payload, Headers: e.Headers})
 	if err != nil {
-		return core.Permanent(fmt.Errorf("encode event %d: %w", e.ID, err))
+		return core.Permanent(fmt.Errorf("encode event %d: %w", e.Seq, err))
 	}
 	b = append(b, '\n')
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, err := p.w.Write(b); err != nil {
-		return fmt.Errorf("write event %d: %w", e.ID, err)
+		return fmt.Errorf("write event %d: %w", e.Seq, err)
 	}
 	return nil
 }

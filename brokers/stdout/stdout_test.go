@@ -63,8 +63,8 @@ func TestConformance(t *testing.T) {
 					continue
 				}
 				h := map[string]string{
-					core.HeaderEventUID: l.UID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
-					core.HeaderEventID: jsonNumber(l.ID),
+					core.HeaderEventID: l.ID, core.HeaderEventUID: l.ID, core.HeaderEventSeq: jsonNumber(l.Seq),
+					core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
 				}
 				for k, v := range l.Headers {
 					h[k] = v

@@ -163,7 +163,7 @@ func (b *bench) brokerRun(ctx context.Context, c brokerCase) (brokerRow, error) 
 	// The direct figure is the better of two ways to drive the publisher:
 	// as many single-message publishes in flight as the relay has lanes,
 	// and one caller sending batches of 100.
-	event := &core.Event{ID: 1, UID: watermill.NewUUID(), AggregateID: aggregateID(1, b.cfg.Aggregates), Type: "bench.event",
+	event := &core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: aggregateID(1, b.cfg.Aggregates), Type: "bench.event",
 		Payload: []byte(`{"n":1}`)}
 	parallel, err := driveDirect(ctx, direct, event, n, b.cfg.Lanes, 1, b.cfg.DrainCap, b.cfg.Aggregates)
 	if err != nil {
@@ -205,9 +205,9 @@ func driveDirect(ctx context.Context, pub message.Publisher, e *core.Event, n, w
 				msgs := make([]*message.Message, k)
 				for i := range msgs {
 					ev := *e
-					ev.ID = first + int64(i)
-					ev.UID = watermill.NewUUID()
-					ev.AggregateID = aggregateID(ev.ID, aggregates)
+					ev.Seq = first + int64(i)
+					ev.ID = watermill.NewUUID()
+					ev.AggregateID = aggregateID(ev.Seq, aggregates)
 					msgs[i] = wm.Message(&ev)
 				}
 				if err := pub.Publish(benchTopic, msgs...); err != nil {

@@ -90,7 +90,7 @@ func (b *bench) fill(ctx context.Context, cfg store.Config, n int) error {
 func (b *bench) fillSized(ctx context.Context, cfg store.Config, n, size int) error {
 	start := time.Now()
 	pad := strings.Repeat("x", max(0, size-40))
-	q := `INSERT INTO ` + outboxTable(cfg) + ` (uid, aggregate_id, type, payload)
+	q := `INSERT INTO ` + outboxTable(cfg) + ` (event_id, aggregate_id, type, payload)
 SELECT gen_random_uuid(),
        ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
        'bench.event',

@@ -41,10 +41,10 @@ func TestHeldAndRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Events()[0].UID == "" {
+	if c.Events()[0].ID == "" {
 		t.Fatal("Add left the UID empty")
 	}
-	if err := c.Complete(ctx, nil, []core.Failure{{ID: ids[0], Reason: "rejected"}}); err != nil {
+	if err := c.Complete(ctx, nil, []core.Failure{{Seq: ids[0], Reason: "rejected"}}); err != nil {
 		t.Fatal(err)
 	}
 	if !s.Held(ids[0]) || s.LastError(ids[0]) != "rejected" {
@@ -55,7 +55,7 @@ func TestHeldAndRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Events(); len(got) != 2 || got[0].ID != ids[0] || got[0].Attempts != 1 {
+	if got := c.Events(); len(got) != 2 || got[0].Seq != ids[0] || got[0].Attempts != 1 {
 		t.Fatalf("after Retry claimed %+v, want both events, the first with one attempt", got)
 	}
 	if err := c.Complete(ctx, ids, nil); err != nil {
@@ -77,7 +77,7 @@ func TestCompleteRejectsForeignIDs(t *testing.T) {
 	if err := c.Complete(ctx, []int64{ids[1]}, nil); err == nil {
 		t.Fatal("completed an event the claim does not hold")
 	}
-	if err := c.Complete(ctx, nil, []core.Failure{{ID: 99}}); err == nil {
+	if err := c.Complete(ctx, nil, []core.Failure{{Seq: 99}}); err == nil {
 		t.Fatal("recorded a failure of an unknown event")
 	}
 	if err := c.Complete(ctx, []int64{ids[0]}, nil); err != nil {

@@ -69,8 +69,8 @@ type Access struct {
 
 // Event is one event in a listing.
 type Event struct {
-	ID           int64      `json:"id"`
-	UID          string     `json:"uid"`
+	Seq          int64      `json:"seq"`      // position in the table
+	ID           string     `json:"event_id"` // identity, a UUID
 	AggregateID  string     `json:"aggregate_id"`
 	Type         string     `json:"type"`
 	State        string     `json:"state"`
@@ -130,7 +130,7 @@ type Failures struct {
 type FailureGroup struct {
 	Fingerprint string     `json:"fingerprint"`
 	Example     string     `json:"example"`
-	ExampleID   int64      `json:"example_id"`
+	ExampleSeq  int64      `json:"example_seq"`
 	Events      int64      `json:"events"`
 	Held        int64      `json:"held"`
 	Retrying    int64      `json:"retrying"`
@@ -143,9 +143,9 @@ type FailureGroup struct {
 // Selector names the events of an action, as store.Selector does; set
 // fields combine with AND and at least one is required.
 type Selector struct {
-	IDs           []int64    `json:"ids,omitempty"`
-	FromID        int64      `json:"from_id,omitempty"`
-	ToID          int64      `json:"to_id,omitempty"`
+	Seqs          []int64    `json:"seqs,omitempty"`
+	FromSeq       int64      `json:"from_seq,omitempty"`
+	ToSeq         int64      `json:"to_seq,omitempty"`
 	AggregateID   string     `json:"aggregate_id,omitempty"`
 	Type          string     `json:"type,omitempty"`
 	CreatedAfter  *time.Time `json:"created_after,omitempty"`
@@ -304,7 +304,7 @@ func (c *Console) apiOverview(w http.ResponseWriter, r *http.Request) {
 
 func toEvent(e store.EventInfo, now time.Time) Event {
 	return Event{
-		ID: e.ID, UID: e.UID, AggregateID: e.AggregateID, Type: e.Type, State: string(e.State()),
+		Seq: e.Seq, ID: e.ID, AggregateID: e.AggregateID, Type: e.Type, State: string(e.State()),
 		CreatedAt: e.CreatedAt, AgeSeconds: max(now.Sub(e.CreatedAt), 0).Seconds(), DispatchedAt: ptr(e.DispatchedAt),
 		Attempts: e.Attempts, LastError: e.LastError, FailedAt: ptr(e.FailedAt), RetryAt: ptr(e.RetryAt),
 		ParkedAt: ptr(e.ParkedAt), ParkedReason: e.ParkedReason, HeldBack: e.HeldBack, WaitsFor: e.WaitsFor,
@@ -417,7 +417,7 @@ func (c *Console) events(r *http.Request) (Events, error) {
 		out.Events[i] = toEvent(e, now)
 	}
 	if len(list) == q.Limit {
-		out.NextAfter = list[len(list)-1].ID
+		out.NextAfter = list[len(list)-1].Seq
 	}
 	return out, nil
 }
@@ -431,21 +431,21 @@ func (c *Console) apiEvents(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ev)
 }
 
-// event reads the event named by the path: its row id, or its uid.
+// event reads the event named by the path: its seq, or its event id.
 func (c *Console) event(r *http.Request) (EventDetail, error) {
-	ref := r.PathValue("id")
+	ref := r.PathValue("ref")
 	var (
-		id  int64
-		uid string
+		seq int64
+		id  string
 	)
 	if n, err := strconv.ParseInt(ref, 10, 64); err == nil && n > 0 {
-		id = n
+		seq = n
 	} else if len(ref) == 36 && strings.Count(ref, "-") == 4 {
-		uid = ref
+		id = ref
 	} else {
-		return EventDetail{}, badRequest("event %q: give its id (a positive number) or its uid", ref)
+		return EventDetail{}, badRequest("event %q: give its seq (a positive number) or its event id (a UUID)", ref)
 	}
-	d, err := c.opts.Store.Event(r.Context(), id, uid)
+	d, err := c.opts.Store.Event(r.Context(), seq, id)
 	if err != nil {
 		if strings.Contains(err.Error(), "is not a UUID") {
 			return EventDetail{}, badRequest("%v", err)
@@ -487,7 +487,7 @@ func (c *Console) failures(r *http.Request) (Failures, error) {
 	}
 	out := Failures{Groups: make([]FailureGroup, len(groups))}
 	for i, g := range groups {
-		out.Groups[i] = FailureGroup{Fingerprint: g.Fingerprint, Example: g.Example, ExampleID: g.ExampleID,
+		out.Groups[i] = FailureGroup{Fingerprint: g.Fingerprint, Example: g.Example, ExampleSeq: g.ExampleSeq,
 			Events: g.Events, Held: g.Held, Retrying: g.Retrying, Parked: g.Parked, Types: g.Types,
 			FirstSeen: ptr(g.FirstSeen), LastSeen: ptr(g.LastSeen)}
 		if out.Groups[i].Types == nil {
@@ -510,23 +510,23 @@ func (c *Console) apiFailures(w http.ResponseWriter, r *http.Request) {
 func selectorValues(v url.Values) (Selector, error) {
 	var sel Selector
 	now := time.Now()
-	for _, list := range v["id"] {
+	for _, list := range v["seq"] {
 		for part := range strings.SplitSeq(list, ",") {
 			if part = strings.TrimSpace(part); part == "" {
 				continue
 			}
-			id, err := strconv.ParseInt(part, 10, 64)
-			if err != nil || id <= 0 {
-				return sel, badRequest("id: %q is not an event id", part)
+			seq, err := strconv.ParseInt(part, 10, 64)
+			if err != nil || seq <= 0 {
+				return sel, badRequest("seq: %q is not an event position", part)
 			}
-			sel.IDs = append(sel.IDs, id)
+			sel.Seqs = append(sel.Seqs, seq)
 		}
 	}
 	var err error
-	if sel.FromID, err = parseInt("from_id", v.Get("from_id")); err != nil {
+	if sel.FromSeq, err = parseInt("from_seq", v.Get("from_seq")); err != nil {
 		return sel, err
 	}
-	if sel.ToID, err = parseInt("to_id", v.Get("to_id")); err != nil {
+	if sel.ToSeq, err = parseInt("to_seq", v.Get("to_seq")); err != nil {
 		return sel, err
 	}
 	sel.AggregateID = strings.TrimSpace(v.Get("aggregate"))
@@ -542,7 +542,7 @@ func selectorValues(v url.Values) (Selector, error) {
 }
 
 func (s Selector) store() store.Selector {
-	out := store.Selector{IDs: s.IDs, FromID: s.FromID, ToID: s.ToID, AggregateID: s.AggregateID, Type: s.Type, Fingerprint: s.Fingerprint}
+	out := store.Selector{Seqs: s.Seqs, FromSeq: s.FromSeq, ToSeq: s.ToSeq, AggregateID: s.AggregateID, Type: s.Type, Fingerprint: s.Fingerprint}
 	if s.CreatedAfter != nil {
 		out.CreatedAfter = *s.CreatedAfter
 	}
@@ -555,19 +555,19 @@ func (s Selector) store() store.Selector {
 // values is the selector as query parameters, for links and forms.
 func (s Selector) values() url.Values {
 	v := url.Values{}
-	for _, id := range s.IDs {
-		v.Add("id", strconv.FormatInt(id, 10))
+	for _, seq := range s.Seqs {
+		v.Add("seq", strconv.FormatInt(seq, 10))
 	}
 	set := func(k, val string) {
 		if val != "" {
 			v.Set(k, val)
 		}
 	}
-	if s.FromID > 0 {
-		set("from_id", strconv.FormatInt(s.FromID, 10))
+	if s.FromSeq > 0 {
+		set("from_seq", strconv.FormatInt(s.FromSeq, 10))
 	}
-	if s.ToID > 0 {
-		set("to_id", strconv.FormatInt(s.ToID, 10))
+	if s.ToSeq > 0 {
+		set("to_seq", strconv.FormatInt(s.ToSeq, 10))
 	}
 	set("aggregate", s.AggregateID)
 	set("type", s.Type)
@@ -584,7 +584,7 @@ func (s Selector) values() url.Values {
 // bulk reports whether the selector can name more than one event; such
 // actions go through a confirmation page in the console.
 func (s Selector) bulk() bool {
-	one := len(s.IDs) == 1 || (s.FromID > 0 && s.FromID == s.ToID)
+	one := len(s.Seqs) == 1 || (s.FromSeq > 0 && s.FromSeq == s.ToSeq)
 	return !one
 }
 

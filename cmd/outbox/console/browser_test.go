@@ -74,11 +74,11 @@ func (b *broker) Publish(_ context.Context, e *core.Event) error {
 		return core.Permanent(fmt.Errorf("no route for type %q", e.Type))
 	}
 	if e.Type == b.flaky {
-		return fmt.Errorf("publish %d: broker 10.0.3.%d:9092: request timed out after 30s", e.ID, e.ID%7)
+		return fmt.Errorf("publish %d: broker 10.0.3.%d:9092: request timed out after 30s", e.Seq, e.Seq%7)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.got[e.ID] = true
+	b.got[e.Seq] = true
 	return nil
 }
 
@@ -117,7 +117,7 @@ func TestBrowserRetryHeldEvent(t *testing.T) {
 	f.write(uuid.NewString(), "invoice.sent")
 	f.write(uuid.NewString(), "invoice.sent")
 	parked := f.write(uuid.NewString(), "customer.merged")
-	if _, err := f.st.Park(f.ctx, store.Selector{IDs: parked}, "duplicate customer, merged by hand"); err != nil {
+	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: parked}, "duplicate customer, merged by hand"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -258,7 +258,7 @@ func TestBrowserRetryHeldEvent(t *testing.T) {
 func history(t *testing.T, f *fixture) {
 	t.Helper()
 	table := pgx.Identifier{f.cfg.Schema, "events_outbox"}.Sanitize()
-	_, err := f.pool.Exec(f.ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at, attempts, last_error, failed_at)
+	_, err := f.pool.Exec(f.ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, dispatched_at, attempts, last_error, failed_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"n":1}', d - interval '40 ms', d,
        CASE WHEN i % 97 = 0 THEN 1 ELSE 0 END,
        CASE WHEN i % 97 = 0 THEN 'broker: dial tcp 10.0.0.7:5672: connection refused' END,

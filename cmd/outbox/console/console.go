@@ -171,7 +171,7 @@ func (c *Console) routes() {
 	m := c.mux
 	m.Handle("GET /api/v1/overview", read(c.apiOverview))
 	m.Handle("GET /api/v1/events", read(c.apiEvents))
-	m.Handle("GET /api/v1/events/{id}", read(c.apiEvent))
+	m.Handle("GET /api/v1/events/{ref}", read(c.apiEvent))
 	m.Handle("GET /api/v1/failures", read(c.apiFailures))
 	m.Handle("GET /api/v1/actions/{action}", read(c.apiPreview))
 	m.Handle("POST /api/v1/actions/{action}", write(c.apiAction, apiRequest))
@@ -181,7 +181,7 @@ func (c *Console) routes() {
 
 	m.Handle("GET /console/{$}", read(c.pageOverview))
 	m.Handle("GET /console/events", read(c.pageEvents))
-	m.Handle("GET /console/events/{id}", read(c.pageEvent))
+	m.Handle("GET /console/events/{ref}", read(c.pageEvent))
 	m.Handle("GET /console/failures", read(c.pageFailures))
 	m.Handle("GET /console/actions/{action}", read(c.pageConfirm))
 	m.Handle("POST /console/actions/{action}", write(c.pageAction, formRequest))

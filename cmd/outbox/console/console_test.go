@@ -68,12 +68,12 @@ func (f *fixture) write(agg string, types ...string) []int64 {
 	var ids []int64
 	err = pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
 		for _, typ := range types {
-			uid := uuid.Must(uuid.NewV7()).String()
-			if err := w.Write(f.ctx, tx, outbox.Message{UID: uid, AggregateID: agg, Type: typ, Payload: map[string]string{"type": typ}}); err != nil {
+			eventID := uuid.Must(uuid.NewV7()).String()
+			if err := w.Write(f.ctx, tx, outbox.Message{ID: eventID, AggregateID: agg, Type: typ, Payload: map[string]string{"type": typ}}); err != nil {
 				return err
 			}
 			var id int64
-			if err := tx.QueryRow(f.ctx, "SELECT id FROM "+pgx.Identifier{f.cfg.Schema, "events_outbox"}.Sanitize()+" WHERE uid = $1", uid).Scan(&id); err != nil {
+			if err := tx.QueryRow(f.ctx, "SELECT seq FROM "+pgx.Identifier{f.cfg.Schema, "events_outbox"}.Sanitize()+" WHERE event_id = $1", eventID).Scan(&id); err != nil {
 				return err
 			}
 			ids = append(ids, id)
@@ -97,8 +97,8 @@ func (f *fixture) hold(reason string, ids ...int64) {
 	var failed []core.Failure
 	for _, e := range c.Events() {
 		for _, id := range ids {
-			if e.ID == id {
-				failed = append(failed, core.Failure{ID: id, Reason: fmt.Sprintf(reason, id)})
+			if e.Seq == id {
+				failed = append(failed, core.Failure{Seq: id, Reason: fmt.Sprintf(reason, id)})
 			}
 		}
 	}
@@ -187,7 +187,7 @@ func TestAPIReads(t *testing.T) {
 
 	var ev console.Events
 	f.getJSON("/api/v1/events?state=held", &ev)
-	if len(ev.Events) != 2 || ev.Events[0].ID != ids[0] || ev.Events[0].HeldBack != 2 || ev.Events[0].State != "held" {
+	if len(ev.Events) != 2 || ev.Events[0].Seq != ids[0] || ev.Events[0].HeldBack != 2 || ev.Events[0].State != "held" {
 		t.Fatalf("held events = %+v", ev.Events)
 	}
 	ev = console.Events{}
@@ -198,7 +198,7 @@ func TestAPIReads(t *testing.T) {
 	next := ev.NextAfter
 	ev = console.Events{}
 	f.getJSON(fmt.Sprintf("/api/v1/events?state=pending&aggregate=%s&after=%d", agg, next), &ev)
-	if len(ev.Events) != 1 || ev.Events[0].ID != ids[2] || ev.NextAfter != 0 {
+	if len(ev.Events) != 1 || ev.Events[0].Seq != ids[2] || ev.NextAfter != 0 {
 		t.Errorf("second page = %+v", ev.Events)
 	}
 
@@ -206,13 +206,13 @@ func TestAPIReads(t *testing.T) {
 	f.getJSON(fmt.Sprintf("/api/v1/events/%d", ids[1]), &d)
 	var payload map[string]string
 	_ = json.Unmarshal(d.Payload, &payload)
-	if d.ID != ids[1] || payload["type"] != "order.paid" || len(d.Before) != 1 || len(d.After) != 1 || d.WaitsFor != ids[0] {
+	if d.Seq != ids[1] || payload["type"] != "order.paid" || len(d.Before) != 1 || len(d.After) != 1 || d.WaitsFor != ids[0] {
 		t.Errorf("event = %+v", d)
 	}
-	var byUID console.EventDetail
-	f.getJSON("/api/v1/events/"+d.UID, &byUID)
-	if byUID.ID != d.ID {
-		t.Errorf("by uid: %d, want %d", byUID.ID, d.ID)
+	var byID console.EventDetail
+	f.getJSON("/api/v1/events/"+d.ID, &byID)
+	if byID.Seq != d.Seq {
+		t.Errorf("by event id: %d, want %d", byID.Seq, d.Seq)
 	}
 
 	var fl console.Failures
@@ -234,14 +234,14 @@ func TestAPIReads(t *testing.T) {
 		{"/api/v1/events?state=held&aggregate=x", "aggregate"},
 		{"/api/v1/events/abc", "event"},
 		{"/api/v1/actions/retry", "selector is empty"},
-		{"/api/v1/actions/retry?id=x", "id"},
+		{"/api/v1/actions/retry?seq=x", "seq"},
 	} {
 		code, body := f.do(req{method: "GET", path: c.path, auth: "token"})
 		if code != http.StatusBadRequest || !strings.Contains(body, c.want) {
 			t.Errorf("GET %s: %d %s; want 400 naming %s", c.path, code, body, c.want)
 		}
 	}
-	for _, path := range []string{"/api/v1/events/999999999", "/api/v1/actions/delete?id=1", "/api/v1/nothing"} {
+	for _, path := range []string{"/api/v1/events/999999999", "/api/v1/actions/delete?seq=1", "/api/v1/nothing"} {
 		if code, body := f.do(req{method: "GET", path: path, auth: "token"}); code != http.StatusNotFound {
 			t.Errorf("GET %s: %d %s, want 404", path, code, body)
 		}
@@ -262,22 +262,22 @@ func TestAPIActions(t *testing.T) {
 		}
 		return code, m
 	}
-	if code, m := post("retry", fmt.Sprintf(`{"ids":[%d]}`, ids[0])); code != 200 || m["count"] != 1.0 {
+	if code, m := post("retry", fmt.Sprintf(`{"seqs":[%d]}`, ids[0])); code != 200 || m["count"] != 1.0 {
 		t.Errorf("retry: %d %v", code, m)
 	}
 	if s := f.state(ids[0]); s != store.StatePending {
 		t.Errorf("after retry the event is %s, want pending", s)
 	}
-	if code, m := post("park", fmt.Sprintf(`{"ids":[%d]}`, ids[1])); code != 400 || !strings.Contains(fmt.Sprint(m["error"]), "reason") {
+	if code, m := post("park", fmt.Sprintf(`{"seqs":[%d]}`, ids[1])); code != 400 || !strings.Contains(fmt.Sprint(m["error"]), "reason") {
 		t.Errorf("park without reason: %d %v", code, m)
 	}
-	if code, m := post("park", fmt.Sprintf(`{"ids":[%d],"reason":"bad data"}`, ids[1])); code != 200 || m["count"] != 1.0 {
+	if code, m := post("park", fmt.Sprintf(`{"seqs":[%d],"reason":"bad data"}`, ids[1])); code != 200 || m["count"] != 1.0 {
 		t.Errorf("park: %d %v", code, m)
 	}
-	if code, m := post("unpark", fmt.Sprintf(`{"from_id":%d,"to_id":%d}`, ids[0], ids[1])); code != 200 || m["count"] != 1.0 {
+	if code, m := post("unpark", fmt.Sprintf(`{"from_seq":%d,"to_seq":%d}`, ids[0], ids[1])); code != 200 || m["count"] != 1.0 {
 		t.Errorf("unpark: %d %v", code, m)
 	}
-	if code, m := post("retry", `{"idz":[1]}`); code != 400 || !strings.Contains(fmt.Sprint(m["error"]), "idz") {
+	if code, m := post("retry", `{"ids":[1]}`); code != 400 || !strings.Contains(fmt.Sprint(m["error"]), "ids") {
 		t.Errorf("unknown field: %d %v", code, m)
 	}
 	if code, m := post("retry", `{}`); code != 400 || !strings.Contains(fmt.Sprint(m["error"]), "selector is empty") {
@@ -286,7 +286,7 @@ func TestAPIActions(t *testing.T) {
 	if _, err := f.pool.Exec(f.ctx, "UPDATE "+pgx.Identifier{f.cfg.Schema, "events_outbox"}.Sanitize()+" SET dispatched_at = now()"); err != nil {
 		t.Fatal(err)
 	}
-	if code, m := post("replay", fmt.Sprintf(`{"ids":[%d,%d]}`, ids[0], ids[1])); code != 200 || m["count"] != 2.0 {
+	if code, m := post("replay", fmt.Sprintf(`{"seqs":[%d,%d]}`, ids[0], ids[1])); code != 200 || m["count"] != 2.0 {
 		t.Errorf("replay: %d %v", code, m)
 	}
 }
@@ -298,9 +298,9 @@ func writeRoutes(id int64) []req {
 	for _, a := range store.Actions {
 		out = append(out,
 			req{method: "POST", path: "/api/v1/actions/" + string(a), contentType: "application/json",
-				body: fmt.Sprintf(`{"ids":[%d],"reason":"r"}`, id)},
+				body: fmt.Sprintf(`{"seqs":[%d],"reason":"r"}`, id)},
 			req{method: "POST", path: "/console/actions/" + string(a), contentType: "application/x-www-form-urlencoded",
-				body: fmt.Sprintf("id=%d&reason=r&confirmed=1", id)})
+				body: fmt.Sprintf("seq=%d&reason=r&confirmed=1", id)})
 	}
 	return out
 }
@@ -365,7 +365,7 @@ func TestWriteEndpointsRefuse(t *testing.T) {
 				}
 				get := r
 				get.method, get.auth = "GET", "token"
-				get.path += fmt.Sprintf("?id=%d&reason=r", id)
+				get.path += fmt.Sprintf("?seq=%d&reason=r", id)
 				attempts = append(attempts, attempt{"GET", get, http.StatusOK})
 			}
 			for _, a := range attempts {
@@ -400,7 +400,7 @@ func csrfFor(t *testing.T, f *fixture, auth string) string {
 	if err != nil || len(ev) == 0 {
 		t.Fatalf("no event to render: %v", err)
 	}
-	code, body := f.do(req{method: "GET", path: fmt.Sprintf("/console/events/%d", ev[0].ID), auth: auth})
+	code, body := f.do(req{method: "GET", path: fmt.Sprintf("/console/events/%d", ev[0].Seq), auth: auth})
 	m := csrfRE.FindStringSubmatch(body)
 	if code != http.StatusOK {
 		t.Fatalf("event page: %d %s", code, short(body))
@@ -432,7 +432,7 @@ func TestAnonymousReadsAndPages(t *testing.T) {
 		{"/console/events?state=pending", fmt.Sprintf("waits for <a href=\"/console/events/%d\"", ids[0])},
 		{fmt.Sprintf("/console/events/%d", ids[0]), "&#34;type&#34;: &#34;order.placed&#34;"},
 		{"/console/failures", "permanent: topic &#34;…&#34; not found for &lt;n&gt;"},
-		{fmt.Sprintf("/console/actions/retry?id=%d", ids[0]), "will touch <strong>1</strong>"},
+		{fmt.Sprintf("/console/actions/retry?seq=%d", ids[0]), "will touch <strong>1</strong>"},
 	}
 	for _, p := range pages {
 		code, body := f.do(req{method: "GET", path: p.path})

@@ -164,7 +164,7 @@ func (c *Console) pageEvent(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "event", view{Title: fmt.Sprintf("Event %d", d.ID), Nav: "events", API: apiPath(r), Data: d})
+	c.render(w, r, "event", view{Title: fmt.Sprintf("Event %d", d.Seq), Nav: "events", API: apiPath(r), Data: d})
 }
 
 func (c *Console) pageFailures(w http.ResponseWriter, r *http.Request) {

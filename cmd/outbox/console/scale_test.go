@@ -96,21 +96,21 @@ func scaleTable(b *testing.B) (*httptest.Server, scaleIDs) {
 		start := time.Now()
 		for _, q := range []string{
 			// A week of dispatched events, 10,000 aggregates.
-			fmt.Sprintf(`INSERT INTO %s (uid, aggregate_id, type, payload, created_at, dispatched_at)
+			fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_id, type, payload, created_at, dispatched_at)
 SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(to_hex(i %% 10000), 12, '0'))::uuid,
        (ARRAY['order.placed','order.paid','invoice.sent','customer.updated'])[1 + i %% 4],
        '{"order_id":"x","total_cents":4200,"items":[1,2,3]}', d - interval '50 ms', d
 FROM generate_series(1, %d) i, LATERAL (SELECT now() - interval '1 hour' - make_interval(secs => (i::float8 / %d) * 6 * 86400) AS d) t`,
 				t, rows-lastHour-2500, rows-lastHour-2500),
 			// The last hour at 100 per second.
-			fmt.Sprintf(`INSERT INTO %s (uid, aggregate_id, type, payload, created_at, dispatched_at)
+			fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_id, type, payload, created_at, dispatched_at)
 SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(to_hex(i %% 10000), 12, '0'))::uuid,
        'order.placed', '{"order_id":"x"}', d - interval '50 ms', d
 FROM generate_series(1, %d) i, LATERAL (SELECT now() - make_interval(secs => 3600 - i::float8 * 3600 / %d) AS d) t`,
 				t, lastHour, lastHour),
 			// The backlog: 2,000 pending, 300 held (two errors), 150
 			// backing off, 50 parked.
-			fmt.Sprintf(`INSERT INTO %s (uid, aggregate_id, type, payload, created_at, attempts, retry_at, last_error, failed_at, parked_at, parked_reason)
+			fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_id, type, payload, created_at, attempts, retry_at, last_error, failed_at, parked_at, parked_reason)
 SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(to_hex(i %% 10000), 12, '0'))::uuid,
        (ARRAY['order.placed','invoice.sent'])[1 + i %% 2], '{"order_id":"x"}', now() - make_interval(secs => 2500 - i),
        CASE WHEN i <= 450 THEN 3 ELSE 0 END,
@@ -130,12 +130,12 @@ FROM generate_series(1, 2500) i`, t),
 		}
 		var n int64
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+t).Scan(&n)
-		if err := pool.QueryRow(ctx, "SELECT min(id) FROM "+t+" WHERE retry_at = 'infinity'").Scan(&scaleRef.held); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT min(seq) FROM "+t+" WHERE retry_at = 'infinity'").Scan(&scaleRef.held); err != nil {
 			scaleErr = err
 			return
 		}
 		// Where the hundredth page of the dispatched listing starts.
-		if err := pool.QueryRow(ctx, "SELECT id FROM "+t+" WHERE dispatched_at IS NOT NULL ORDER BY id DESC OFFSET 5000 LIMIT 1").Scan(&scaleRef.dispatched); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT seq FROM "+t+" WHERE dispatched_at IS NOT NULL ORDER BY seq DESC OFFSET 5000 LIMIT 1").Scan(&scaleRef.dispatched); err != nil {
 			scaleErr = err
 			return
 		}

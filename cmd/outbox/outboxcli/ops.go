@@ -183,10 +183,10 @@ func replayCmd() *cobra.Command {
 		Use:   "replay",
 		Short: "Publish dispatched events again, with their original identity",
 		Long: "replay makes the selected dispatched events pending again; the relay publishes them with the\n" +
-			"same event_uid, so consumers that already processed them drop them as duplicates. Pending and\n" +
+			"same event_id, so consumers that already processed them drop them as duplicates. Pending and\n" +
 			"parked events are not touched. Criteria combine with AND; at least one is required.",
 		Example: "  outbox replay --type order.placed --created-after 2026-01-02T00:00:00Z --created-before 2026-01-03T00:00:00Z\n" +
-			"  outbox replay --from-id 1200 --to-id 1300 --dry-run\n" +
+			"  outbox replay --from-seq 1200 --to-seq 1300 --dry-run\n" +
 			"  outbox replay --aggregate 0b9c6f0e-4a57-4a4e-9d0e-1b5b3c7f6a10 --created-after 36h",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -19,8 +19,8 @@ func init() {
 }
 
 type stuckJSON struct {
-	ID           int64      `json:"id"`
-	UID          string     `json:"uid"`
+	Seq          int64      `json:"seq"`
+	ID           string     `json:"event_id"`
 	AggregateID  string     `json:"aggregate_id"`
 	Type         string     `json:"type"`
 	CreatedAt    time.Time  `json:"created_at"`
@@ -63,7 +63,7 @@ func stuckCmd() *cobra.Command {
 				now := time.Now()
 				out := make([]stuckJSON, 0, len(events))
 				for _, ev := range events {
-					j := stuckJSON{ID: ev.ID, UID: ev.UID, AggregateID: ev.AggregateID, Type: ev.Type, CreatedAt: ev.CreatedAt,
+					j := stuckJSON{Seq: ev.Seq, ID: ev.ID, AggregateID: ev.AggregateID, Type: ev.Type, CreatedAt: ev.CreatedAt,
 						AgeSeconds: seconds(now.Sub(ev.CreatedAt)), Attempts: ev.Attempts, LastError: ev.LastError,
 						Held: ev.Held, ParkedReason: ev.ParkedReason, HeldBack: ev.HeldBack, WaitsFor: ev.WaitsFor}
 					if !ev.RetryAt.IsZero() {
@@ -87,7 +87,7 @@ func stuckCmd() *cobra.Command {
 				tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tTYPE\tAGGREGATE\tAGE\tATTEMPTS\tSTATE\tHELD BACK\tLAST ERROR")
 				for _, j := range out {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.ID, j.Type, j.AggregateID,
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.Seq, j.Type, j.AggregateID,
 						human(time.Duration(j.AgeSeconds*float64(time.Second))), j.Attempts, stuckState(j), j.HeldBack,
 						oneLine(j.LastError, 80))
 				}
@@ -137,9 +137,16 @@ func oneLine(s string, n int) string {
 func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() error) {
 	var after, before string
 	f := cmd.Flags()
-	f.Int64SliceVar(&sel.IDs, "id", nil, "event ids (repeat or separate with commas)")
-	f.Int64Var(&sel.FromID, "from-id", 0, "first event id of a range")
-	f.Int64Var(&sel.ToID, "to-id", 0, "last event id of a range (inclusive)")
+	f.Int64SliceVar(&sel.Seqs, "seq", nil, "event positions, as outbox stuck lists them (repeat or separate with commas)")
+	f.Int64Var(&sel.FromSeq, "from-seq", 0, "first event position of a range")
+	f.Int64Var(&sel.ToSeq, "to-seq", 0, "last event position of a range (inclusive)")
+	// The names before migration 5 renamed the column id to seq.
+	f.Int64SliceVar(&sel.Seqs, "id", nil, "")
+	f.Int64Var(&sel.FromSeq, "from-id", 0, "")
+	f.Int64Var(&sel.ToSeq, "to-id", 0, "")
+	for _, old := range []string{"id", "from-id", "to-id"} {
+		_ = f.MarkDeprecated(old, "use --"+strings.Replace(old, "id", "seq", 1))
+	}
 	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
 	f.StringVar(&sel.Type, "type", "", "exact event type")
 	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")

@@ -171,9 +171,9 @@ func newOpsFixture(t *testing.T) *opsFixture {
 		{"held", "bad.type", uuid.NewString(), "1 minute", "", "infinity"},
 	} {
 		var id int64
-		err := pool.QueryRow(context.Background(), `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at, retry_at)
+		err := pool.QueryRow(context.Background(), `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, dispatched_at, retry_at)
 VALUES (gen_random_uuid(), $1, $2, '{}', now() - $3::interval, now() - NULLIF($4, '')::interval, NULLIF($5, '')::timestamptz)
-RETURNING id`, r.agg, r.typ, r.created, r.dispatched, r.retry).Scan(&id)
+RETURNING seq`, r.agg, r.typ, r.created, r.dispatched, r.retry).Scan(&id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,12 +272,12 @@ func TestPoisonCommands(t *testing.T) {
 	f := newOpsFixture(t)
 	var stuck []stuckJSON
 	f.runJSON(&stuck, "stuck")
-	if len(stuck) != 2 || stuck[0].ID != f.ids["stuck"] || !stuck[1].Held {
+	if len(stuck) != 2 || stuck[0].Seq != f.ids["stuck"] || !stuck[1].Held {
 		t.Fatalf("stuck = %+v, want the old pending event and the held one", stuck)
 	}
 	held := strconv.FormatInt(f.ids["held"], 10)
 	var c countJSON
-	f.runJSON(&c, "park", "--id", held, "--reason", "unknown type, ticket 42")
+	f.runJSON(&c, "park", "--seq", held, "--reason", "unknown type, ticket 42")
 	if c.Count != 1 {
 		t.Errorf("park = %+v", c)
 	}
@@ -288,7 +288,7 @@ func TestPoisonCommands(t *testing.T) {
 	if len(stuck) != 2 || stuck[1].ParkedReason != "unknown type, ticket 42" {
 		t.Errorf("stuck --parked = %+v", stuck)
 	}
-	f.runJSON(&c, "unpark", "--id", held)
+	f.runJSON(&c, "unpark", "--seq", held)
 	if c.Count != 1 {
 		t.Errorf("unpark = %+v", c)
 	}

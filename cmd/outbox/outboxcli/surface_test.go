@@ -246,7 +246,7 @@ func TestExitCodes(t *testing.T) {
 	// A selection that matches gives 0; stuck lists a held event.
 	var id int64
 	if err := pool.QueryRow(ctx, "INSERT INTO "+pgx.Identifier{s, "events_outbox"}.Sanitize()+
-		" (uid, aggregate_id, type, payload, retry_at, attempts) VALUES (gen_random_uuid(), gen_random_uuid(), 'x.y', '{}', 'infinity', 3) RETURNING id").Scan(&id); err != nil {
+		" (event_id, aggregate_id, type, payload, retry_at, attempts) VALUES (gen_random_uuid(), gen_random_uuid(), 'x.y', '{}', 'infinity', 3) RETURNING seq").Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := runCLI(ctx, "stuck", "--schema", s); err != nil {
