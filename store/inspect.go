@@ -27,7 +27,7 @@ const (
 	StatePending    EventState = "pending"    // neither dispatched nor parked
 	StateHeld       EventState = "held"       // pending, held by a permanent failure until retried or parked
 	StateRetrying   EventState = "retrying"   // pending, backing off after a transient failure until RetryAt
-	StateStuck      EventState = "stuck"      // pending for longer than EventQuery.StuckAfter, or held
+	StateStuck      EventState = "stuck"      // pending for longer than EventsOptions.StuckAfter, or held
 	StateParked     EventState = "parked"     // set aside by an operator
 	StateDispatched EventState = "dispatched" // published; listed newest first
 )
@@ -41,8 +41,8 @@ const (
 	MaxEventsLimit     = 1000
 )
 
-// EventQuery says which events Events lists. Set filters combine with AND.
-type EventQuery struct {
+// EventsOptions says which events Events lists. Set filters combine with AND.
+type EventsOptions struct {
 	State EventState // required
 	// StuckAfter is the age from which a pending event is stuck, for
 	// StateStuck; default DefaultStuckAge.
@@ -164,7 +164,7 @@ func fingerprint(col string) string {
 
 // filters returns the SQL conditions of q's filters on the row aliased o,
 // with arguments numbered from $next.
-func (q EventQuery) filters(next int) ([]string, []any, error) {
+func (q EventsOptions) filters(next int) ([]string, []any, error) {
 	var (
 		conds []string
 		args  []any
@@ -202,8 +202,8 @@ func (q EventQuery) filters(next int) ([]string, []any, error) {
 }
 
 // Events lists the events in q.State that match q's filters, a page at a
-// time (see EventQuery.After).
-func (s *Store) Events(ctx context.Context, q EventQuery) ([]EventInfo, error) {
+// time (see EventsOptions.After).
+func (s *Store) Events(ctx context.Context, q EventsOptions) ([]EventInfo, error) {
 	switch {
 	case q.Limit < 0 || q.Limit > MaxEventsLimit:
 		return nil, fmt.Errorf("list events: limit %d is not between 1 and %d", q.Limit, MaxEventsLimit)

@@ -22,7 +22,7 @@ func infoIDs(list []store.EventInfo) []int64 {
 	return ids
 }
 
-func (f *poisonFixture) events(q store.EventQuery) []int64 {
+func (f *poisonFixture) events(q store.EventsOptions) []int64 {
 	f.t.Helper()
 	list, err := f.st.Events(f.ctx, q)
 	if err != nil {
@@ -79,23 +79,23 @@ func TestEventsByStateAndFilter(t *testing.T) {
 	}
 
 	cases := []struct {
-		q    store.EventQuery
+		q    store.EventsOptions
 		want []int64
 	}{
-		{store.EventQuery{State: store.StatePending}, []int64{aIDs[0], aIDs[1], aIDs[2], bIDs[0]}},
-		{store.EventQuery{State: store.StateHeld}, []int64{aIDs[0]}},
-		{store.EventQuery{State: store.StateRetrying}, []int64{bIDs[0]}},
-		{store.EventQuery{State: store.StateParked}, []int64{cIDs[1]}},
-		{store.EventQuery{State: store.StateDispatched}, []int64{cIDs[0]}},
+		{store.EventsOptions{State: store.StatePending}, []int64{aIDs[0], aIDs[1], aIDs[2], bIDs[0]}},
+		{store.EventsOptions{State: store.StateHeld}, []int64{aIDs[0]}},
+		{store.EventsOptions{State: store.StateRetrying}, []int64{bIDs[0]}},
+		{store.EventsOptions{State: store.StateParked}, []int64{cIDs[1]}},
+		{store.EventsOptions{State: store.StateDispatched}, []int64{cIDs[0]}},
 		// Held events are stuck at any age; the others only when old.
-		{store.EventQuery{State: store.StateStuck}, []int64{aIDs[0]}},
-		{store.EventQuery{State: store.StatePending, Type: "order.paid"}, []int64{aIDs[1]}},
-		{store.EventQuery{State: store.StatePending, AggregateID: b}, []int64{bIDs[0]}},
-		{store.EventQuery{State: store.StatePending, Error: "TIMEOUT"}, []int64{bIDs[0]}},
-		{store.EventQuery{State: store.StatePending, After: aIDs[1]}, []int64{aIDs[2], bIDs[0]}},
-		{store.EventQuery{State: store.StatePending, Limit: 2}, []int64{aIDs[0], aIDs[1]}},
-		{store.EventQuery{State: store.StatePending, CreatedAfter: time.Now().Add(time.Hour)}, nil},
-		{store.EventQuery{State: store.StatePending, CreatedBefore: time.Now().Add(time.Hour)}, []int64{aIDs[0], aIDs[1], aIDs[2], bIDs[0]}},
+		{store.EventsOptions{State: store.StateStuck}, []int64{aIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, Type: "order.paid"}, []int64{aIDs[1]}},
+		{store.EventsOptions{State: store.StatePending, AggregateID: b}, []int64{bIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, Error: "TIMEOUT"}, []int64{bIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, After: aIDs[1]}, []int64{aIDs[2], bIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, Limit: 2}, []int64{aIDs[0], aIDs[1]}},
+		{store.EventsOptions{State: store.StatePending, CreatedAfter: time.Now().Add(time.Hour)}, nil},
+		{store.EventsOptions{State: store.StatePending, CreatedBefore: time.Now().Add(time.Hour)}, []int64{aIDs[0], aIDs[1], aIDs[2], bIDs[0]}},
 	}
 	for _, c := range cases {
 		if got := f.events(c.q); !slices.Equal(got, c.want) {
@@ -106,11 +106,11 @@ func TestEventsByStateAndFilter(t *testing.T) {
 	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE seq = $1`, aIDs[2]); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.events(store.EventQuery{State: store.StateStuck, StuckAfter: time.Minute}); !slices.Equal(got, []int64{aIDs[0], aIDs[2]}) {
+	if got := f.events(store.EventsOptions{State: store.StateStuck, StuckAfter: time.Minute}); !slices.Equal(got, []int64{aIDs[0], aIDs[2]}) {
 		t.Errorf("stuck after an hour-old event: %v, want %v", got, []int64{aIDs[0], aIDs[2]})
 	}
 
-	list, err := f.st.Events(f.ctx, store.EventQuery{State: store.StatePending, AggregateID: a})
+	list, err := f.st.Events(f.ctx, store.EventsOptions{State: store.StatePending, AggregateID: a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestEventsByStateAndFilter(t *testing.T) {
 		t.Errorf("the aggregate's third event waits for %d, want %d (the held one)", waiting.WaitsFor, aIDs[0])
 	}
 
-	for _, q := range []store.EventQuery{
+	for _, q := range []store.EventsOptions{
 		{State: "lost"}, {State: store.StatePending, Limit: store.MaxEventsLimit + 1},
 		{State: store.StatePending, AggregateID: "not-a-uuid"}, {State: store.StatePending, After: -1},
 		{State: store.StatePending, CreatedAfter: time.Now(), CreatedBefore: time.Now().Add(-time.Hour)},
@@ -251,7 +251,7 @@ func TestFailuresGroupedByFingerprint(t *testing.T) {
 		t.Errorf("example %d is not one of %v", nf.ExampleSeq, notFound)
 	}
 	// The fingerprint selects the group's events again.
-	got := f.events(store.EventQuery{State: store.StateHeld, Fingerprint: nf.Fingerprint})
+	got := f.events(store.EventsOptions{State: store.StateHeld, Fingerprint: nf.Fingerprint})
 	if !slices.Equal(got, notFound[:2]) {
 		t.Errorf("held events of the group: %v, want %v", got, notFound[:2])
 	}

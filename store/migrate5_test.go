@@ -59,7 +59,7 @@ VALUES ($1, 'a.defaulted', '{}') RETURNING uid::text`, agg).Scan(&defaulted); er
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := st.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := st.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatalf("claim after migration 5: %v", err)
 	}

@@ -435,7 +435,7 @@ SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{}' FROM generate_
 			default:
 			}
 			t0 := time.Now()
-			c, err := st.Claim(ctx, core.ClaimRequest{Limit: 100})
+			c, err := st.Claim(ctx, core.ClaimOptions{Limit: 100})
 			if err != nil {
 				t.Error(err)
 				return lat

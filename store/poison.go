@@ -24,8 +24,8 @@ const (
 	defaultStuck = 100
 )
 
-// StuckQuery says which events Stuck lists.
-type StuckQuery struct {
+// StuckOptions says which events Stuck lists.
+type StuckOptions struct {
 	// OlderThan lists pending events created at least this long ago;
 	// zero means DefaultStuckAge. Events held for an operator (a
 	// permanent failure) are listed whatever their age.
@@ -64,7 +64,7 @@ type StuckEvent struct {
 // Stuck lists events that have not gone out, oldest first: pending events
 // created before q.OlderThan ago, held events of any age and, when asked,
 // parked ones. It takes no locks and changes nothing.
-func (s *Store) Stuck(ctx context.Context, q StuckQuery) ([]StuckEvent, error) {
+func (s *Store) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error) {
 	switch {
 	case q.OlderThan < 0:
 		return nil, fmt.Errorf("list stuck events: OlderThan %v is negative", q.OlderThan)

@@ -145,7 +145,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // size over MaxEventBytes) comes back as a rejection, which the relay holds
 // like a permanent publish failure. In ordered mode the later events of its
 // aggregate stay out of the claim.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	q := s.claimOrdered
 	if req.Unordered {
 		q = s.claimUnordered
@@ -178,11 +178,11 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
-			c.cut = true
+			c.truncated = true
 			continue
 		}
 		if !req.Unordered && rejectedAggs[e.AggregateID] {
-			c.cut = true
+			c.truncated = true
 			continue
 		}
 		if err := s.decode(&e, headers, size); err != nil {
@@ -264,11 +264,11 @@ func CheckType(t string) error {
 }
 
 type claim struct {
-	s        *Store
-	tx       pgx.Tx
-	events   []core.Event
-	rejected []core.Rejection
-	cut      bool // some candidates were left out and stay pending
+	s         *Store
+	tx        pgx.Tx
+	events    []core.Event
+	rejected  []core.Rejection
+	truncated bool // some candidates were left out and stay pending
 }
 
 var (
@@ -283,7 +283,7 @@ func (c *claim) Events() []core.Event { return c.events }
 func (c *claim) Rejected() []core.Rejection { return c.rejected }
 
 // Truncated implements core.Truncated.
-func (c *claim) Truncated() bool { return c.cut }
+func (c *claim) Truncated() bool { return c.truncated }
 
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	if c.tx == nil {

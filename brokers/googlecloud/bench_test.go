@@ -17,7 +17,7 @@ import (
 
 func BenchmarkPublish(b *testing.B) {
 	srv := server(b)
-	s := googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true}
+	s := googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true}
 	b.Run("adapter", func(b *testing.B) {
 		pub, err := googlecloud.New(b.Context(), s, nil, nil)
 		if err != nil {

@@ -62,7 +62,7 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, brokertest.Harness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) core.Publisher {
 			srv = server(t)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true, PublishTimeout: 3 * time.Second,
 			}, r, nil)
 			if err != nil {
@@ -78,7 +78,7 @@ func TestConformance(t *testing.T) {
 
 func TestPermanentErrorsAndResume(t *testing.T) {
 	srv := server(t)
-	pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true},
+	pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true},
 		&brokers.Routing{Fixed: "refusals"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 
 func TestMissingTopicIsPermanent(t *testing.T) {
 	srv := server(t)
-	pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr}, nil, nil)
+	pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,13 +119,13 @@ func TestMissingTopicIsPermanent(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := []struct {
-		s    googlecloud.Settings
+		s    googlecloud.Config
 		want string
 	}{
-		{googlecloud.Settings{}, "googlecloud: project_id is empty"},
-		{googlecloud.Settings{ProjectID: "p", EmulatorHost: "h:1", CredentialsFile: "f"}, "emulator_host and credentials_file"},
-		{googlecloud.Settings{ProjectID: "p", DelayThreshold: -1}, "googlecloud: delay_threshold"},
-		{googlecloud.Settings{ProjectID: "p", CountThreshold: -1}, "googlecloud: count_threshold"},
+		{googlecloud.Config{}, "googlecloud: project_id is empty"},
+		{googlecloud.Config{ProjectID: "p", EmulatorHost: "h:1", CredentialsFile: "f"}, "emulator_host and credentials_file"},
+		{googlecloud.Config{ProjectID: "p", DelayThreshold: -1}, "googlecloud: delay_threshold"},
+		{googlecloud.Config{ProjectID: "p", CountThreshold: -1}, "googlecloud: count_threshold"},
 	}
 	for _, c := range cases {
 		if err := c.s.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -137,10 +137,10 @@ func TestValidate(t *testing.T) {
 func TestRegistered(t *testing.T) {
 	srv := server(t)
 	cfg := brokers.DecoderFunc(func(v any) error {
-		*(v.(*googlecloud.Settings)) = googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr}
+		*(v.(*googlecloud.Config)) = googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr}
 		return nil
 	})
-	pub, err := brokers.Open(t.Context(), "googlecloud", brokers.Params{Config: cfg})
+	pub, err := brokers.Open(t.Context(), "googlecloud", brokers.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestStalls(t *testing.T) {
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			srv := server(t)
 			proxy := brokertest.NewProxy(t, srv.Addr)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: proxy.Addr(), CreateTopics: true, PublishTimeout: 3 * time.Second,
 			}, r, nil)
 			if err != nil {

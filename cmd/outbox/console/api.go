@@ -342,9 +342,9 @@ func parseInt(field, v string) (int64, error) {
 }
 
 // eventsQuery reads a listing's parameters.
-func (c *Console) eventsQuery(v url.Values) (store.EventQuery, EventsQuery, error) {
+func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, error) {
 	now := time.Now()
-	q := store.EventQuery{
+	q := store.EventsOptions{
 		State: store.EventState(v.Get("state")), StuckAfter: c.opts.StuckAfter, Type: v.Get("type"),
 		AggregateID: strings.TrimSpace(v.Get("aggregate")), Error: v.Get("error"), Fingerprint: v.Get("fingerprint"),
 	}

@@ -90,7 +90,7 @@ func (f *fixture) write(agg string, types ...string) []int64 {
 // does when the broker rejects them.
 func (f *fixture) hold(reason string, ids ...int64) {
 	f.t.Helper()
-	c, err := f.st.Claim(f.ctx, core.ClaimRequest{Limit: 1000})
+	c, err := f.st.Claim(f.ctx, core.ClaimOptions{Limit: 1000})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 // CSRF token.
 func csrfFor(t *testing.T, f *fixture, auth string) string {
 	t.Helper()
-	ev, err := f.st.Events(f.ctx, store.EventQuery{State: store.StatePending, Limit: 1})
+	ev, err := f.st.Events(f.ctx, store.EventsOptions{State: store.StatePending, Limit: 1})
 	if err != nil || len(ev) == 0 {
 		t.Fatalf("no event to render: %v", err)
 	}

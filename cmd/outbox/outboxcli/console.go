@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -52,7 +53,7 @@ func consoleCmd() *cobra.Command {
 	return cmd
 }
 
-func (e *env) serveConsole(ctx context.Context, st *store.Store) error {
+func (e *app) serveConsole(ctx context.Context, st *store.Store) error {
 	con, err := e.newConsole(st, nil)
 	if err != nil {
 		return err
@@ -62,7 +63,10 @@ func (e *env) serveConsole(ctx context.Context, st *store.Store) error {
 		return unavailable(fmt.Errorf("http.listen %s: %w", e.cfg.HTTP.Listen, err))
 	}
 	mux := http.NewServeMux()
-	healthHandlers(mux, []check{{"database", st.Ping}}, e.log)
+	healthHandlers(mux, func(ctx context.Context) []core.Check {
+		// /readyz shows the failure, which may quote a connection setting.
+		return []core.Check{{Name: "database", Err: e.mask.error(st.Ping(ctx))}}
+	}, e.log)
 	mountConsole(mux, con)
 	done := serveHTTP(ctx, e, ln, mux)
 	e.log.Info("console listening", "addr", ln.Addr().String(), "paths", "/console/ /api/v1/ /healthz /readyz",

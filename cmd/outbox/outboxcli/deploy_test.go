@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxhq/outbox/cmd/outbox/console"
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -85,7 +86,7 @@ func checkArgs(t *testing.T, where string, args []string) (listen string) {
 // health endpoints, /metrics and, enabled, the console), not with 404.
 func servedPaths(t *testing.T, where string, paths ...string) {
 	t.Helper()
-	mux := opsHandler(prometheus.NewRegistry(), []check{{"database", func(context.Context) error { return nil }}}, discardLogger())
+	mux := opsHandler(prometheus.NewRegistry(), func(context.Context) []core.Check { return nil }, discardLogger())
 	con, err := console.New(console.Options{Store: &store.Store{}, AnonymousReads: true})
 	if err != nil {
 		t.Fatal(err)

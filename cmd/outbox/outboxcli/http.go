@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +26,7 @@ func init() { relayHooks = append(relayHooks, startHTTP) }
 
 // startHTTP serves /metrics, /healthz and /readyz when http.listen is set,
 // and returns the metrics observer for the relay.
-func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error) {
+func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error) {
 	addr := e.cfg.HTTP.Listen
 	if addr == "" {
 		return nil, nil
@@ -47,12 +46,19 @@ func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher,
 	if err != nil {
 		return nil, fmt.Errorf("http.listen %s: %w", addr, err)
 	}
-	checks := readinessChecks(st.Ping, pub, progressCheck(relay, time.Now(), staleAfter(e.cfg.Relay)))
-	// /readyz shows the failures, which may quote a connection setting.
-	for i, c := range checks {
-		checks[i].fn = func(ctx context.Context) error { return e.mask.error(c.fn(ctx)) }
+	ready := func(ctx context.Context) []core.Check {
+		r := relay()
+		if r == nil {
+			return []core.Check{{Name: "progress", Err: errors.New("relay not started")}}
+		}
+		checks := r.Ready(ctx)
+		// /readyz shows the failures, which may quote a connection setting.
+		for i := range checks {
+			checks[i].Err = e.mask.error(checks[i].Err)
+		}
+		return checks
 	}
-	mux := opsHandler(reg, checks, e.log)
+	mux := opsHandler(reg, ready, e.log)
 	paths := "/metrics /healthz /readyz"
 	if e.cfg.Console.Enabled {
 		name := relayClientName()
@@ -77,7 +83,7 @@ func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher,
 
 // serveHTTP serves h on ln until ctx is done, then shuts the server down,
 // giving requests in flight a few seconds.
-func serveHTTP(ctx context.Context, e *env, ln net.Listener, h http.Handler) (done <-chan struct{}) {
+func serveHTTP(ctx context.Context, e *app, ln net.Listener, h http.Handler) (done <-chan struct{}) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	stopped := make(chan struct{})
@@ -104,7 +110,7 @@ func relayClientName() string {
 }
 
 // newConsole builds the console of the configuration over st.
-func (e *env) newConsole(st *store.Store, local func() (string, time.Time)) (*console.Console, error) {
+func (e *app) newConsole(st *store.Store, local func() (string, time.Time)) (*console.Console, error) {
 	c := e.cfg.Console
 	con, err := console.New(console.Options{
 		Store: st, Logger: e.log.With("component", "console"),
@@ -141,60 +147,18 @@ func topicLabel(r *brokers.Routing) func(*core.Event) string {
 	}
 }
 
-// staleAfter is how long a relay may go without finishing a cycle before
-// it is not ready: a slow batch takes up to a few publish timeouts.
-func staleAfter(r RelayConfig) time.Duration {
-	return max(2*r.PublishTimeout, 30*time.Second) + 3*r.PollInterval
-}
-
-// readinessChecks are the conditions /readyz tests: the database, the
-// broker (every shipped adapter answers pings, through the tracing
-// wrapper too) and the relay's progress.
-func readinessChecks(database func(context.Context) error, pub core.Publisher, relay func(context.Context) error) []check {
-	checks := []check{{"database", database}}
-	if p, ok := pub.(core.Pinger); ok {
-		checks = append(checks, check{"broker", p.Ping})
-	}
-	return append(checks, check{"relay", relay})
-}
-
-// check is one readiness condition.
-type check struct {
-	name string
-	fn   func(ctx context.Context) error
-}
-
-// progressCheck fails when the relay has not completed a cycle within
-// stale, counting from started until its first one.
-func progressCheck(relay func() *core.Relay, started time.Time, stale time.Duration) func(context.Context) error {
-	return func(context.Context) error {
-		r := relay()
-		if r == nil {
-			return errors.New("relay not started")
-		}
-		last := r.LastProgress()
-		if last.IsZero() {
-			last = started
-		}
-		if age := time.Since(last); age > stale {
-			return fmt.Errorf("no completed relay cycle for %s (limit %s)", age.Round(time.Second), stale)
-		}
-		return nil
-	}
-}
-
 // opsHandler serves the metrics of reg and the health endpoints: /healthz
-// answers while the process runs; /readyz runs every check, each bounded,
-// and answers 503 naming the failures.
-func opsHandler(reg prometheus.Gatherer, checks []check, log *slog.Logger) *http.ServeMux {
+// answers while the process runs; /readyz runs the relay's readiness
+// checks (core.Relay.Ready), bounded, and answers 503 naming the failures.
+func opsHandler(reg prometheus.Gatherer, ready func(context.Context) []core.Check, log *slog.Logger) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	healthHandlers(mux, checks, log)
+	healthHandlers(mux, ready, log)
 	return mux
 }
 
 // healthHandlers adds /healthz and /readyz to mux.
-func healthHandlers(mux *http.ServeMux, checks []check, log *slog.Logger) {
+func healthHandlers(mux *http.ServeMux, ready func(context.Context) []core.Check, log *slog.Logger) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -202,28 +166,14 @@ func healthHandlers(mux *http.ServeMux, checks []check, log *slog.Logger) {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
-		results := make(map[string]string, len(checks))
-		var (
-			mu sync.Mutex
-			wg sync.WaitGroup
-		)
-		for _, c := range checks {
-			wg.Go(func() {
-				res := "ok"
-				if err := c.fn(ctx); err != nil {
-					res = err.Error()
-				}
-				mu.Lock()
-				results[c.name] = res
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		results := map[string]string{}
 		status := http.StatusOK
-		for name, res := range results {
-			if res != "ok" {
+		for _, c := range ready(ctx) {
+			results[c.Name] = "ok"
+			if c.Err != nil {
+				results[c.Name] = c.Err.Error()
 				status = http.StatusServiceUnavailable
-				log.Warn("not ready", "check", name, "reason", res)
+				log.Warn("not ready", "check", c.Name, "reason", c.Err)
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")

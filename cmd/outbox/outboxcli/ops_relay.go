@@ -27,7 +27,7 @@ func init() {
 // when the relay stops; otherwise to the global OpenTelemetry provider,
 // which a binary built on Main may set (otel.SetTracerProvider). Without
 // either, the stored trace context is still forwarded as traceparent.
-func wrapTracing(ctx context.Context, e *env, pub core.Publisher) (core.Publisher, error) {
+func wrapTracing(ctx context.Context, e *app, pub core.Publisher) (core.Publisher, error) {
 	environ := os.Environ()
 	if !e.cfg.Tracing.Enabled {
 		if otlpEnabled(environ) {
@@ -63,7 +63,7 @@ func wrapTracing(ctx context.Context, e *env, pub core.Publisher) (core.Publishe
 	})
 }
 
-func startRetention(ctx context.Context, e *env, st *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
+func startRetention(ctx context.Context, e *app, st *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
 	rt := e.cfg.Retention
 	if !rt.Enabled {
 		return nil, nil

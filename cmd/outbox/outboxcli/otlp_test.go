@@ -250,7 +250,7 @@ func TestOTLPWithoutTracingWarns(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
 	var log strings.Builder
 	c := Defaults()
-	e := &env{cfg: &c, log: newLogger(&log, c.Log), mask: &masker{}}
+	e := &app{cfg: &c, log: newLogger(&log, c.Log), mask: &masker{}}
 	pub := &nopPublisher{}
 	got, err := wrapTracing(context.Background(), e, pub)
 	if err != nil || got != pub {
