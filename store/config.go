@@ -106,6 +106,7 @@ type names struct {
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
 	EventIDFunc, NotifyFunc                            string
+	FailedIdx                                          string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -126,6 +127,7 @@ func (c Config) names() names {
 		NotifyTrigger:  ident(c.Table + "_notify"),
 		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
+		FailedIdx:      ident(c.Table + "_failed"),
 		Channel:        c.NotifyChannel,
 		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}
