@@ -107,6 +107,7 @@ type names struct {
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
 	EventIDFunc, NotifyFunc                            string
 	HandoffView, HandoffIdx                            string // migration 9: the log relay's table path
+	FailedIdx                                          string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -129,6 +130,7 @@ func (c Config) names() names {
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
 		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
 		HandoffIdx:     ident(c.Table + "_handoff_agg"),
+		FailedIdx:      ident(c.Table + "_failed"),
 		Channel:        c.NotifyChannel,
 		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}

@@ -135,8 +135,9 @@ func TestStatusListsRelaySessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Replicas) != 1 || s.Replicas[0].InClaim != 1 || s.Replicas[0].OldestClaim.IsZero() {
-		t.Errorf("replicas = %+v, want one with an open transaction", s.Replicas)
+	if len(s.Replicas) != 1 || s.Replicas[0].InClaim != 1 || s.Replicas[0].OldestClaim.IsZero() ||
+		s.Replicas[0].LastQuery.Before(s.Replicas[0].OldestClaim) {
+		t.Errorf("replicas = %+v, want one with an open transaction and its last statement in it", s.Replicas)
 	}
 }
 

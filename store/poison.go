@@ -147,7 +147,7 @@ LIMIT $2`
 // after fixing what made them fail, such as a routing rule. It returns how
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
-	n, err := s.update(ctx, sel, "o.parked_at IS NULL AND o.retry_at IS NOT NULL", "retry_at = NULL")
+	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL")
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
 	}
@@ -167,7 +167,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	case len(reason) > maxReason:
 		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), maxReason)
 	}
-	n, err := s.update(ctx, sel, "o.parked_at IS NULL", "parked_at = now(), parked_reason = $1", reason)
+	n, err := s.update(ctx, sel, actionStates[ActionPark], "parked_at = now(), parked_reason = $1", reason)
 	if err != nil {
 		return 0, fmt.Errorf("park events (%s): %w", sel, err)
 	}
@@ -180,13 +180,22 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 // later pending events of its aggregate; events of that aggregate published
 // while it was parked stay published, so consumers see it after them.
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
-	n, err := s.update(ctx, sel, "o.parked_at IS NOT NULL",
+	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
 		"parked_at = NULL, parked_reason = NULL, retry_at = NULL")
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
 	}
 	s.log.Info("events unparked", "selector", sel.String(), "count", n)
 	return n, nil
+}
+
+// actionStates are the undispatched events each action touches: Retry the
+// failed ones waiting (held or backing off), Park the pending ones, Unpark
+// the parked ones. Affected counts by the same conditions.
+var actionStates = map[Action]string{
+	ActionRetry:  "o.parked_at IS NULL AND o.retry_at IS NOT NULL",
+	ActionPark:   "o.parked_at IS NULL",
+	ActionUnpark: "o.parked_at IS NOT NULL",
 }
 
 // update applies set to the undispatched events matching sel and state.

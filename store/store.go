@@ -116,7 +116,7 @@ ORDER BY c.seq`
 		claimUnordered: unordered,
 		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
-SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity')
+SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
 WHERE o.seq = f.seq`,
 	}, nil

@@ -3,6 +3,7 @@ package googlecloud_test
 import (
 	"testing"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub"
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub"
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
@@ -114,7 +115,7 @@ func (s Config) clientOptions() []option.ClientOption {
 		o = append(o, option.WithEndpoint(s.Endpoint))
 	}
 	if s.CredentialsFile != "" {
-		o = append(o, option.WithCredentialsFile(s.CredentialsFile))
+		o = append(o, option.WithAuthCredentialsFile(option.ServiceAccount, s.CredentialsFile))
 	}
 	return o
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/pstest"
 	"go.uber.org/goleak"
@@ -90,6 +91,7 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 		t.Fatalf("publish the service refuses as invalid: %v, want a permanent error", err)
 	}
 	// The failure paused the ordering key; the publisher resumes it.
+	//lint:ignore SA1019 pstest of pubsub v1 takes the v1 type
 	srv.AddPublishResponse(&pubsubpb.PublishResponse{MessageIds: []string{"m2"}}, nil)
 	e.Seq = 2
 	if err := pub.Publish(t.Context(), e); err != nil {

@@ -309,7 +309,12 @@ type link struct {
 	client sarama.Client
 }
 
-func (l *link) Close() error { return errors.Join(l.Publisher.Close(), l.client.Close()) }
+// Close closes the metadata client first: it is the link's own, and a
+// producer close that hangs must not keep its updater goroutine alive.
+func (l *link) Close() error {
+	cerr := l.client.Close()
+	return errors.Join(l.Publisher.Close(), cerr)
+}
 
 // ping asks one broker for its API versions: the cheapest request every
 // broker answers. A broker whose connection failed is closed, so the next

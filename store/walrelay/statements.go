@@ -36,17 +36,19 @@ func newStatements(cfg store.Config) statements {
 		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
     attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
     last_error = COALESCE($2, last_error),
-    retry_at = CASE WHEN $2::text IS NULL THEN retry_at ELSE 'infinity' END
+    retry_at = CASE WHEN $2::text IS NULL THEN retry_at ELSE 'infinity' END,
+    failed_at = CASE WHEN $2::text IS NULL THEN failed_at ELSE now() END
 WHERE seq = $1 AND dispatched_at IS NULL`,
 		// ON CONFLICT: a relay that crashed after the insert and before
 		// confirming reads the event again.
-		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, headers, created_at, handoff_at, attempts, last_error, retry_at)
+		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, headers, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
 VALUES ($1, $2, $3, $4::text::json, $5::text::jsonb, $6, now(),
-    CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, $7, CASE WHEN $7::text IS NULL THEN NULL ELSE 'infinity'::timestamptz END)
+    CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, $7, CASE WHEN $7::text IS NULL THEN NULL ELSE 'infinity'::timestamptz END,
+    CASE WHEN $7::text IS NULL THEN NULL ELSE now() END)
 ON CONFLICT (event_id) DO NOTHING`,
-		insertBad: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, created_at, handoff_at, attempts, last_error, retry_at)
+		insertBad: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
 VALUES (COALESCE($1::uuid, gen_random_uuid()), '00000000-0000-0000-0000-000000000000', 'outbox.unreadable',
-    json_build_object('message', $2::text), $3, now(), 1, $4, 'infinity')
+    json_build_object('message', $2::text), $3, now(), 1, $4, 'infinity', now())
 ON CONFLICT (event_id) DO NOTHING`,
 	}
 }

@@ -92,6 +92,19 @@ type app struct {
 	out    io.Writer
 	mask   *masker      // of the command line's output, which the log and out go through
 	slots  *slotMetrics // the slot's gauges, when relay.mode log serves /metrics
+	stops  []func(context.Context)
+}
+
+// onStop runs fn when the command's work has stopped (see stopped), such
+// as to flush buffered spans.
+func (e *app) onStop(fn func(context.Context)) { e.stops = append(e.stops, fn) }
+
+// stopped runs the functions of onStop, last added first.
+func (e *app) stopped(ctx context.Context) {
+	for i := len(e.stops) - 1; i >= 0; i-- {
+		e.stops[i](ctx)
+	}
+	e.stops = nil
 }
 
 // setup loads the configuration and hands its secrets to the command

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/walrelay"
@@ -53,6 +54,8 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"store.max_claim_bytes", st.MaxClaimBytes, storeDefaults(t, d).MaxClaimBytes, true},
 		{"producer.max_payload_bytes", outbox.DefaultMaxPayloadBytes, d.Producer.MaxPayloadBytes, true},
 		{"stuck.after", store.DefaultStuckAge, d.Stuck.After, true},
+		{"console.lag_slo", console.DefaultLagSLO, d.Console.LagSLO, true},
+		{"console.enabled", false, d.Console.Enabled, true},
 		{"relay.mode", "table", d.Relay.Mode, false},
 		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, false},
 		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, false},

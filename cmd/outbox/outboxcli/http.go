@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
@@ -59,21 +61,81 @@ func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher,
 		}
 		return checks
 	}
-	srv := &http.Server{Handler: opsHandler(reg, ready, e.log), ReadHeaderTimeout: 5 * time.Second}
+	mux := opsHandler(reg, ready, e.log)
+	paths := "/metrics /healthz /readyz"
+	if e.cfg.Console.Enabled {
+		name := relayClientName()
+		con, err := e.newConsole(st, func() (string, time.Time) {
+			if r := relay(); r != nil {
+				return name, r.LastProgress()
+			}
+			return name, time.Time{}
+		})
+		if err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+		mountConsole(mux, con)
+		paths += " /console/ /api/v1/"
+	}
 	go poller.Run(ctx)
+	serveHTTP(ctx, e, ln, mux)
+	e.log.Info("http listening", "addr", ln.Addr().String(), "paths", paths)
+	return obs, nil
+}
+
+// serveHTTP serves h on ln until ctx is done, then shuts the server down,
+// giving requests in flight a few seconds.
+func serveHTTP(ctx context.Context, e *app, ln net.Listener, h http.Handler) (done <-chan struct{}) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	stopped := make(chan struct{})
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			e.log.Error("http listener stopped", "error", err)
 		}
 	}()
 	go func() {
+		defer close(stopped)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	e.log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
-	return obs, nil
+	return stopped
+}
+
+// relayClientName is how `outbox status` and the console name this
+// process among the relays: the suffix of its application_name.
+func relayClientName() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
+
+// newConsole builds the console of the configuration over st.
+func (e *app) newConsole(st *store.Store, local func() (string, time.Time)) (*console.Console, error) {
+	c := e.cfg.Console
+	con, err := console.New(console.Options{
+		Store: st, Logger: e.log.With("component", "console"),
+		Token: c.Token, Username: c.Username, Password: c.Password,
+		AnonymousReads: c.AnonymousReads, ReadOnly: c.ReadOnly,
+		StuckAfter: e.cfg.Stuck.After, LagSLO: c.LagSLO, RelayApplication: relayAppName, LocalRelay: local,
+	})
+	if err != nil {
+		return nil, usageError(err)
+	}
+	return con, nil
+}
+
+// mountConsole adds the console's paths to mux, with / leading to it.
+func mountConsole(mux *http.ServeMux, con *console.Console) {
+	for _, p := range console.Paths {
+		mux.Handle(p, con)
+	}
+	mux.Handle("/console", con)
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusFound)
+	})
 }
 
 // topicLabel resolves the topic label through the routing rules, whose
@@ -91,9 +153,15 @@ func topicLabel(r *brokers.Routing) func(*core.Event) string {
 // opsHandler serves the metrics of reg and the health endpoints: /healthz
 // answers while the process runs; /readyz runs the relay's readiness
 // checks (core.Relay.Ready), bounded, and answers 503 naming the failures.
-func opsHandler(reg prometheus.Gatherer, ready func(context.Context) []core.Check, log *slog.Logger) http.Handler {
+func opsHandler(reg prometheus.Gatherer, ready func(context.Context) []core.Check, log *slog.Logger) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	healthHandlers(mux, ready, log)
+	return mux
+}
+
+// healthHandlers adds /healthz and /readyz to mux.
+func healthHandlers(mux *http.ServeMux, ready func(context.Context) []core.Check, log *slog.Logger) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -115,5 +183,4 @@ func opsHandler(reg prometheus.Gatherer, ready func(context.Context) []core.Chec
 		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(map[string]any{"ready": status == http.StatusOK, "checks": results})
 	})
-	return mux
 }

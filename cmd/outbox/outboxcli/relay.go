@@ -3,7 +3,6 @@ package outboxcli
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -36,12 +35,11 @@ var relayHooks []func(ctx context.Context, e *app, st *store.Store, pub core.Pub
 
 // publisherWraps decorate the broker's publisher (tracing) before the hooks
 // and the relay see it, in order. The broker's own Close still runs once.
-var publisherWraps []func(e *app, pub core.Publisher) (core.Publisher, error)
+var publisherWraps []func(ctx context.Context, e *app, pub core.Publisher) (core.Publisher, error)
 
 func (e *app) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
-	host, _ := os.Hostname()
-	st, err := e.openStore(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
+	st, err := e.openStore(ctx, relayAppName+" "+relayClientName())
 	if err != nil {
 		return err
 	}
@@ -54,8 +52,9 @@ func (e *app) runRelay(ctx context.Context) error {
 		return unavailable(err)
 	}
 	defer pub.Close()
+	defer e.stopped(ctx)
 	for _, wrap := range publisherWraps {
-		if pub, err = wrap(e, pub); err != nil {
+		if pub, err = wrap(ctx, e, pub); err != nil {
 			return err
 		}
 	}
