@@ -45,3 +45,28 @@ func ExampleWriter_Write() {
 		log.Fatal(err)
 	}
 }
+
+// Write the event into the WAL only (relay.mode log): no row, committed or
+// rolled back with the transaction. The server needs wal_level=logical.
+func ExampleLogWriter_Write() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	w, err := outbox.NewLogWriter(outbox.WriterOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	orderID := "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 4200); err != nil {
+			return err
+		}
+		return w.Write(ctx, tx, outbox.Message{AggregateID: orderID, Type: "order.placed", Payload: []byte(`{"total_cents":4200}`)})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}

@@ -77,9 +77,9 @@ type Options struct {
 	// Mode is the relays' relay.mode: "table" (default) or "log", where
 	// they read the rows' inserts from a replication slot, one relay
 	// holding it and the others standing by.
-	Mode         string
-	Dir          string       // work directory (binary, logs); default a new temporary one
-	Logger       *slog.Logger // progress; default discard
+	Mode   string
+	Dir    string       // work directory (binary, logs); default a new temporary one
+	Logger *slog.Logger // progress; default discard
 }
 
 func (o Options) withDefaults() (Options, error) {

@@ -411,7 +411,7 @@ func TestIdleSlotAdvances(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn() - $1::pg_lsn", e.status().ConfirmedFlush).Scan(&written); err != nil {
 		t.Fatal(err)
 	}
-	if written < 5<<20 {
+	if written < 1<<20 {
 		t.Fatalf("only %d bytes of WAL written", written)
 	}
 	waitFor(t, 10*time.Second, "the idle slot to confirm", func() bool { return e.status().LagBytes < 256<<10 })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -180,12 +179,6 @@ func (p *recorder) Publish(ctx context.Context, e *core.Event) error {
 
 func (p *recorder) Close() error { return nil }
 
-func (p *recorder) setFail(f func(e *core.Event) error) {
-	p.mu.Lock()
-	p.fail = f
-	p.mu.Unlock()
-}
-
 func (p *recorder) events() []core.Event {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -264,5 +257,3 @@ func n(e core.Event) int {
 	_ = json.Unmarshal(e.Payload, &b)
 	return b.N
 }
-
-var _ = fmt.Sprintf
