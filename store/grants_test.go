@@ -214,8 +214,11 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		processed+" WHERE processed_at < now() - interval '1 day' FOR UPDATE SKIP LOCKED)"); err != nil {
 		t.Errorf("relay processed retention delete: %v", err)
 	}
-	_, err = f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload) VALUES ($1, $1, 't', '{}')", uuid.NewString())
-	mustDeny(t, "relay inserts an event", err)
+	// The relay may insert: in relay.mode log it hands log-only events it
+	// cannot publish to the table (migration 9).
+	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, $1, 't', '{}', now())", uuid.NewString()); err != nil {
+		t.Errorf("relay hands an event to the table: %v", err)
+	}
 	_, err = f.relay.Exec(ctx, "DROP TABLE "+f.table())
 	mustDeny(t, "relay drops the outbox", err)
 	_, err = f.relay.Exec(ctx, "TRUNCATE "+f.table())

@@ -310,7 +310,7 @@ func TestHostileNames(t *testing.T) {
 		t.Fatalf("the unrelated table was harmed: count %d, %v", n, err)
 	}
 	var tables int
-	err = pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1", cfg.Schema).Scan(&tables)
+	err = pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_type = 'BASE TABLE'", cfg.Schema).Scan(&tables)
 	if err != nil || tables != 3 {
 		t.Fatalf("schema %q has %d tables (%v), want outbox, processed and migrations", cfg.Schema, tables, err)
 	}
