@@ -106,6 +106,9 @@ type names struct {
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
 	EventIDFunc, NotifyFunc                            string
+	KeyCheck, PayloadCheck, ContentTypeCheck           string // migration 6
+	TopicCheck, DeliverCheck, ReservedCheck            string
+	WriteFunc, ScheduleFunc, ScheduleTrigger           string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -126,7 +129,17 @@ func (c Config) names() names {
 		NotifyTrigger:  ident(c.Table + "_notify"),
 		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
-		Channel:        c.NotifyChannel,
-		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
+
+		KeyCheck:         ident(c.Table + "_key_check"),
+		PayloadCheck:     ident(c.Table + "_payload_check"),
+		ContentTypeCheck: ident(c.Table + "_ctype_check"),
+		TopicCheck:       ident(c.Table + "_topic_check"),
+		DeliverCheck:     ident(c.Table + "_deliver_check"),
+		ReservedCheck:    ident(c.Table + "_reserved_check"),
+		WriteFunc:        ident(c.Schema, c.Table+"_write"),
+		ScheduleFunc:     ident(c.Schema, c.Table+"_schedule"),
+		ScheduleTrigger:  ident(c.Table + "_schedule"),
+		Channel:          c.NotifyChannel,
+		ChannelLiteral:   "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}
 }

@@ -50,8 +50,8 @@ VALUES ($1, 'a.defaulted', '{}') RETURNING uid::text`, agg).Scan(&defaulted); er
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if len(applied) != 1 || applied[0] != 5 {
-		t.Fatalf("applied %v, want [5]", applied)
+	if len(applied) == 0 || applied[0] != 5 {
+		t.Fatalf("applied %v, want 5 first", applied)
 	}
 
 	st, err := store.New(pool, cfg, nil)

@@ -147,7 +147,7 @@ func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() e
 	for _, old := range []string{"id", "from-id", "to-id"} {
 		_ = f.MarkDeprecated(old, "use --"+strings.Replace(old, "id", "seq", 1))
 	}
-	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
+	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate key, exactly as written")
 	f.StringVar(&sel.Type, "type", "", "exact event type")
 	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")
 	f.StringVar(&before, "created-before", "", "created before: RFC 3339 time or a duration ago")
