@@ -28,8 +28,8 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stmts) != 10 {
-		t.Errorf("%d statements, want 10: %q", len(stmts), stmts)
+	if len(stmts) != 14 {
+		t.Errorf("%d statements, want 14: %q", len(stmts), stmts)
 	}
 	// With every correctly quoted name taken out, only keywords are left.
 	names := []string{
@@ -37,6 +37,10 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 		pgx.Identifier{evil, evil + "t_migrations"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_id_seq"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_uuidv7"}.Sanitize() + "()",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, bytea, jsonb, text, text, timestamptz, uuid)",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, text, jsonb, text, text, timestamptz, uuid)",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, json, jsonb, text, text, timestamptz, uuid)",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, jsonb, jsonb, text, text, timestamptz, uuid)",
 		pgx.Identifier{evil, "processed_events"}.Sanitize(),
 		pgx.Identifier{evil}.Sanitize(), `"p"`, `"c"`,
 	}
@@ -164,6 +168,18 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("producer write: %v", err)
+	}
+	// The write function and the schedule trigger run under the
+	// producer's grants too; rolled back, so the counts below stay.
+	tx, err := f.producer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "SELECT "+pgx.Identifier{f.cfg.Schema, f.cfg.Table + "_write"}.Sanitize()+
+		"('k', 't.x', '\\x00'::bytea, content_type => 'application/octet-stream', deliver_at => now() + interval '1 hour')")
+	_ = tx.Rollback(ctx)
+	if err != nil {
+		t.Fatalf("producer calls the write function: %v", err)
 	}
 	_, err = f.producer.Exec(ctx, "SELECT payload FROM "+f.table())
 	mustDeny(t, "producer reads payloads", err)
