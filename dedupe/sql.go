@@ -62,7 +62,9 @@ func (d *SQLDeduper) Process(ctx context.Context, eventID string, fn func(ctx co
 
 // Middleware is Deduper.Middleware; the handler finds its transaction with
 // SQLTxFromContext.
-func (d *SQLDeduper) Middleware(h message.HandlerFunc) message.HandlerFunc { return d.eng.middleware(h) }
+func (d *SQLDeduper) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return d.eng.middleware(h)
+}
 
 // SQLTxHandlerFunc handles one message in the dedupe transaction.
 type SQLTxHandlerFunc func(ctx context.Context, tx *sql.Tx, msg *message.Message) ([]*message.Message, error)
