@@ -33,6 +33,7 @@ require (
 	golang.org/x/sys v0.48.0
 	google.golang.org/api v0.194.0
 	google.golang.org/grpc v1.65.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -101,5 +102,4 @@ require (
 	google.golang.org/genproto v0.0.0-20240823204242-4ba0660f739c // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20240823204242-4ba0660f739c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20240823204242-4ba0660f739c // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )

@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"errors"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -32,6 +34,23 @@ type Event struct {
 	Headers     map[string]string // the event's own headers (trace context among them)
 	CreatedAt   time.Time
 	Attempts    int // failed publish attempts so far
+}
+
+// ContentTypeJSON is the content type of an event that names none.
+const ContentTypeJSON = "application/json"
+
+// jsonType matches the media types whose payloads are JSON.
+var jsonType = regexp.MustCompile(`^(application/json|[^/]+/[^/]+\+json)$`)
+
+// IsJSON reports whether content type ct is JSON: empty (the default,
+// application/json), application/json, or any type ending in +json, with
+// or without parameters.
+func IsJSON(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, _ := strings.Cut(ct, ";")
+	return jsonType.MatchString(strings.ToLower(strings.TrimSpace(mt)))
 }
 
 // Store is where the relay finds committed events. Implementations must make

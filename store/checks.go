@@ -71,9 +71,6 @@ func CheckTopic(t string) error {
 // parameters. The table's check uses the same pattern.
 var mediaType = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*\s*(;.*)?$`)
 
-// jsonType matches the media types whose payloads are JSON.
-var jsonType = regexp.MustCompile(`^(application/json|[^/]+/[^/]+\+json)$`)
-
 // CheckContentType refuses what is not a media type such as
 // "application/x-protobuf" or "application/json; charset=utf-8".
 func CheckContentType(ct string) error {
@@ -86,17 +83,10 @@ func CheckContentType(ct string) error {
 	return nil
 }
 
-// IsJSON reports whether content type ct (empty means the default,
-// application/json) is JSON: application/json or any type ending in +json.
-// Such payloads are validated and stored in the payload column; all others
-// go in payload_bytes as they are.
-func IsJSON(ct string) bool {
-	if ct == "" {
-		return true
-	}
-	mt, _, _ := strings.Cut(ct, ";")
-	return jsonType.MatchString(strings.ToLower(strings.TrimSpace(mt)))
-}
+// IsJSON reports whether content type ct is JSON; see core.IsJSON. Such
+// payloads are validated and stored in the payload column; all others go
+// in payload_bytes as they are.
+func IsJSON(ct string) bool { return core.IsJSON(ct) }
 
 // CheckDeliverAt refuses a deliver-at time PostgreSQL cannot store as a
 // finite timestamptz.
