@@ -11,7 +11,7 @@ import (
 // has not been tried: the claim leaves it alone as asked. Its age counts
 // from when it became due.
 const (
-	scheduledSQL = `(deliver_at > now() AND attempts = 0)`
+	scheduledSQL = `(deliver_at IS NOT NULL AND deliver_at > now() AND attempts = 0)`
 	dueSQL       = `greatest(created_at, deliver_at)`
 )
 

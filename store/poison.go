@@ -113,7 +113,7 @@ SELECT o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.at
            SELECT min(e.seq) FROM ` + t + ` e
            WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
              AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END,
-       o.deliver_at, o.parked_at IS NULL AND o.deliver_at > now() AND o.attempts = 0
+       o.deliver_at, o.parked_at IS NULL AND ` + scheduledSQL + `
 FROM ` + t + ` o
 WHERE o.seq IN (` + pending + `)
 ORDER BY o.seq

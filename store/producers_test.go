@@ -187,10 +187,15 @@ func TestScheduledEvent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			var listed []string
 			for _, e := range stuck {
-				if e.Type == "a.scheduled" {
-					t.Errorf("stuck lists the scheduled event %+v", e)
-				}
+				listed = append(listed, e.Type)
+			}
+			if strings.Join(listed, ",") != "a.later,b.now,c.past" {
+				t.Errorf("stuck lists %v, want the due events and not the scheduled one", listed)
+			}
+			if st.OldestPending.IsZero() {
+				t.Error("status shows no oldest pending event")
 			}
 			sched, err := in.s.Stuck(ctx, store.StuckQuery{OlderThan: time.Hour, IncludeScheduled: true})
 			if err != nil {
