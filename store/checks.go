@@ -12,7 +12,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// More limits every producer shares with the relay; migration 6 states
+// More limits every producer shares with the relay; migration 7 states
 // them again as the table's checks and in its write function.
 const (
 	// MaxKeyBytes bounds an aggregate key: room for any UUID, number or

@@ -106,7 +106,7 @@ type names struct {
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
 	EventIDFunc, NotifyFunc                            string
-	KeyCheck, PayloadCheck, ContentTypeCheck           string // migration 6
+	KeyCheck, PayloadCheck, ContentTypeCheck           string // migration 7
 	TopicCheck, DeliverCheck, ReservedCheck            string
 	WriteFunc, ScheduleFunc, ScheduleTrigger           string
 	Channel                                            string // raw, for pg_notify and LISTEN

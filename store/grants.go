@@ -22,7 +22,7 @@ type Roles struct {
 	Relay string
 	// Producer only inserts events: INSERT on the outbox, USAGE on its seq
 	// sequence and EXECUTE on the event_id default's function and on the
-	// write function (migration 6). It cannot read payloads back.
+	// write function (migration 7). It cannot read payloads back.
 	Producer string
 	// Consumer records processed events for deduplication: SELECT, INSERT,
 	// UPDATE and DELETE on the processed table. UPDATE is there for the row

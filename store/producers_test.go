@@ -248,7 +248,7 @@ func TestUnparkedScheduledEventWaitsForItsTime(t *testing.T) {
 
 // The table refuses what the writer refuses, for producers that insert
 // rows themselves; each check is named in the error.
-func TestTableChecksOfMigration6(t *testing.T) {
+func TestTableChecksOfMigration7(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := pgtest.Schema(t)
 	in := newInstance(t, pool, cfg)

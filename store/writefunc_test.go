@@ -134,10 +134,10 @@ func TestWriteFunctionRefusesBadArguments(t *testing.T) {
 	}
 }
 
-// Migration 6 converts a table holding events: UUID keys become their
+// Migration 7 converts a table holding events: UUID keys become their
 // canonical text, pending events are claimed as before, and the new
 // columns start empty.
-func TestMigration6ConvertsKeys(t *testing.T) {
+func TestMigration7ConvertsKeys(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	cfg, err := store.Config{Schema: "test_m6_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
@@ -147,7 +147,7 @@ func TestMigration6ConvertsKeys(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
 	})
-	migrateTo(ctx, t, pool, cfg, 5)
+	migrateTo(ctx, t, pool, cfg, 6)
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	agg := "0190A7F4-8C3E-7B2A-9D41-5E6F7A8B9C0D" // uuid input is case-blind; its text is lowercase
 	for _, typ := range []string{"a.one", "a.two"} {
@@ -156,8 +156,8 @@ func TestMigration6ConvertsKeys(t *testing.T) {
 		}
 	}
 	applied, err := store.Migrate(ctx, pool, cfg)
-	if err != nil || len(applied) != 1 || applied[0] != 6 {
-		t.Fatalf("migrate: %v %v, want [6]", applied, err)
+	if err != nil || len(applied) != 1 || applied[0] != 7 {
+		t.Fatalf("migrate: %v %v, want [7]", applied, err)
 	}
 	st, err := store.New(pool, cfg, nil)
 	if err != nil {
@@ -170,7 +170,7 @@ func TestMigration6ConvertsKeys(t *testing.T) {
 	defer c.Release(ctx)
 	evs := c.Events()
 	if len(evs) != 2 || evs[0].AggregateID != strings.ToLower(agg) || string(evs[1].Payload) != `{"x": 1}` || evs[0].ContentType != "" || evs[0].Topic != "" {
-		t.Fatalf("claimed %+v after migration 6", evs)
+		t.Fatalf("claimed %+v after migration 7", evs)
 	}
 	var typ, collation string
 	if err := pool.QueryRow(ctx, `SELECT data_type, collation_name FROM information_schema.columns

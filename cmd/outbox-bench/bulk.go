@@ -18,7 +18,7 @@ import (
 )
 
 // The producers section: events per transaction against plain inserts of
-// the same rows, and what migration 6 (text keys, payload bytes, topic,
+// the same rows, and what migration 7 (text keys, payload bytes, topic,
 // deliver-at, their checks and trigger) costs the producer and the claim.
 
 type bulkRow struct {
@@ -38,7 +38,7 @@ func (b *bench) producersSection(ctx context.Context, rep *report) error {
 	if err := b.bulkSection(ctx, rep); err != nil {
 		return err
 	}
-	return b.migration6Section(ctx, rep)
+	return b.migration7Section(ctx, rep)
 }
 
 func (b *bench) bulkSection(ctx context.Context, rep *report) error {
@@ -136,13 +136,13 @@ func sqlFuncTx(ctx context.Context, db *sql.DB, cfg store.Config, msgs []outbox.
 	return tx.Commit()
 }
 
-// migration6Section measures one table before and after migration 6: the
-// writer's transaction (migration 5's statement on the uuid column against
+// migration7Section measures one table before and after migration 7: the
+// writer's transaction (migration 6's statement on the uuid column against
 // today's) and the ordered claim on the same backlog, with and without
 // scheduled events waiting in it.
-func (b *bench) migration6Section(ctx context.Context, rep *report) error {
+func (b *bench) migration7Section(ctx context.Context, rep *report) error {
 	b.seq++
-	cfg, err := store.Config{Schema: fmt.Sprintf("bench_m6_%d", b.seq)}.WithDefaults()
+	cfg, err := store.Config{Schema: fmt.Sprintf("bench_m7_%d", b.seq)}.WithDefaults()
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func (b *bench) migration6Section(ctx context.Context, rep *report) error {
 		return err
 	}
 	for _, m := range migs {
-		if m.Version <= 5 {
+		if m.Version <= 6 {
 			if _, err := b.pool.Exec(ctx, m.SQL); err != nil {
 				return fmt.Errorf("apply migration %d: %w", m.Version, err)
 			}
@@ -169,7 +169,7 @@ func (b *bench) migration6Section(ctx context.Context, rep *report) error {
 		return err
 	}
 	defer pool.Close()
-	v5insert := `INSERT INTO ` + table + ` (event_id, aggregate_id, type, payload, headers)
+	beforeInsert := `INSERT INTO ` + table + ` (event_id, aggregate_id, type, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5::text[]::jsonb[])`
 	produce := func(name string, write func(ctx context.Context, tx pgx.Tx, i int64, n int) error) error {
 		for _, n := range []int{1, 100} {
@@ -180,18 +180,18 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
-			rep.Migration6 = append(rep.Migration6, bulkRow{Name: name, PerTx: n, EventsPerSec: float64(count) * float64(n) / b.cfg.ProducerRun.Seconds(), MeanTx: mean})
+			rep.Migration7 = append(rep.Migration7, bulkRow{Name: name, PerTx: n, EventsPerSec: float64(count) * float64(n) / b.cfg.ProducerRun.Seconds(), MeanTx: mean})
 		}
 		return nil
 	}
-	err = produce("migration 5 table (uuid key), its insert", func(ctx context.Context, tx pgx.Tx, i int64, n int) error {
+	err = produce("migration 6 table (uuid key), its insert", func(ctx context.Context, tx pgx.Tx, i int64, n int) error {
 		ids, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		for j := range n {
 			ids[j] = uuid.NewString()
 			aggs[j] = aggregateID(i*int64(n)+int64(j), b.cfg.Aggregates)
 			types[j], payloads[j] = "order.placed", `{"amount":"42.50"}`
 		}
-		_, err := tx.Exec(ctx, v5insert, ids, aggs, types, payloads, make([]*string, n))
+		_, err := tx.Exec(ctx, beforeInsert, ids, aggs, types, payloads, make([]*string, n))
 		return err
 	})
 	if err != nil {
@@ -204,9 +204,9 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 	if err := truncate(); err != nil {
 		return err
 	}
-	v5 := claimV5(table)
-	claim5, err := b.claimTimes(ctx, "migration 5 (uuid key)", func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, v5, b.cfg.BatchSize, store.DefaultMaxEventBytes, store.DefaultMaxClaimBytes)
+	before := claimBefore(table)
+	claimB, err := b.claimTimes(ctx, "migration 6 (uuid key)", func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, before, b.cfg.BatchSize, store.DefaultMaxEventBytes, store.DefaultMaxClaimBytes)
 		if err != nil {
 			return err
 		}
@@ -216,19 +216,19 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 	if err != nil {
 		return err
 	}
-	rep.Claims = append(rep.Claims, claim5)
+	rep.Claims = append(rep.Claims, claimB)
 
 	// Migrate in place, the backlog with it, and claim the same rows again.
 	start := time.Now()
 	for _, m := range migs {
-		if m.Version == 6 {
+		if m.Version == 7 {
 			if _, err := b.pool.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("apply migration 6: %w", err)
+				return fmt.Errorf("apply migration 7: %w", err)
 			}
 		}
 	}
-	rep.Migration6Took = time.Since(start)
-	b.log.Info("migration 6 applied", "backlog", claim5.Backlog, "took", rep.Migration6Took)
+	rep.Migration7Took = time.Since(start)
+	b.log.Info("migration 7 applied", "backlog", claimB.Backlog, "took", rep.Migration7Took)
 	st, err := store.New(b.pool, cfg, nil)
 	if err != nil {
 		return err
@@ -240,11 +240,11 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 		}
 		return c.Release(ctx)
 	}
-	claim6, err := b.claimTimes(ctx, "migration 6 (text key, new columns)", viaStore, cfg)
+	claimA, err := b.claimTimes(ctx, "migration 7 (text key, new columns)", viaStore, cfg)
 	if err != nil {
 		return err
 	}
-	rep.Claims = append(rep.Claims, claim6)
+	rep.Claims = append(rep.Claims, claimA)
 	// Scheduled events a day away, written before the backlog: each
 	// ordered claim steps over them and holds their aggregates out.
 	if err := truncate(); err != nil {
@@ -254,7 +254,7 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 SELECT 'scheduled-' || g, 'reminder.due', '{}', now() + interval '1 day' FROM generate_series(1, 10000) g`); err != nil {
 		return err
 	}
-	claimS, err := b.claimTimes(ctx, "migration 6, 10,000 scheduled events waiting ahead", viaStore, cfg)
+	claimS, err := b.claimTimes(ctx, "migration 7, 10,000 scheduled events waiting ahead", viaStore, cfg)
 	if err != nil {
 		return err
 	}
@@ -267,7 +267,7 @@ SELECT 'scheduled-' || g, 'reminder.due', '{}', now() + interval '1 day' FROM ge
 	if err != nil {
 		return err
 	}
-	return produce("migration 6 table (text key, checks, trigger), Writer.Write", func(ctx context.Context, tx pgx.Tx, i int64, n int) error {
+	return produce("migration 7 table (text key, checks, trigger), Writer.Write", func(ctx context.Context, tx pgx.Tx, i int64, n int) error {
 		m := make([]outbox.Message, n)
 		for j := range m {
 			m[j] = outbox.Message{AggregateID: aggregateID(i*int64(n)+int64(j), b.cfg.Aggregates), Type: "order.placed", Payload: []byte(`{"amount":"42.50"}`)}
@@ -316,9 +316,9 @@ func (b *bench) claimTimes(ctx context.Context, name string, claim func(ctx cont
 
 var errRollback = fmt.Errorf("roll back")
 
-// claimV5 is the ordered claim as migration 5's table had it, for the
+// claimBefore is the ordered claim as migration 6's table had it, for the
 // comparison.
-func claimV5(t string) string {
+func claimBefore(t string) string {
 	cols := "seq, event_id::text AS event_id, aggregate_id, type, payload, headers, created_at, attempts," +
 		" octet_length(payload::text) + coalesce(octet_length(headers::text), 0) AS size"
 	within := `(w.total <= $3 OR w.total = c.size)`

@@ -121,7 +121,7 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		// Literals that hold double quotes: the header check's path, a
 		// collation and the notify channel (its quoting is tested against a server).
 		`'$.* ? (@.type() != "string")'`,
-		`COLLATE "C"`, // migration 6's byte-wise key column
+		`COLLATE "C"`, // migration 7's byte-wise key column
 		"E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(sc.NotifyChannel) + "'",
 	}
 	for _, s := range sql {
