@@ -60,7 +60,7 @@ func TestWriteSQLWithEachDriver(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := st.Claim(ctx, core.ClaimRequest{Limit: 10})
+			c, err := st.Claim(ctx, core.ClaimOptions{Limit: 10})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -301,7 +301,7 @@ func TestPayloadStoredByteExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,11 +60,11 @@ type Store interface {
 	// until the returned Claim is completed or released. An empty claim is
 	// valid. In ordered mode the store returns an event only when every
 	// earlier pending event of its aggregate is in the same claim.
-	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+	Claim(ctx context.Context, req ClaimOptions) (Claim, error)
 }
 
-// ClaimRequest says how many events to claim and whether order matters.
-type ClaimRequest struct {
+// ClaimOptions says how many events to claim and whether order matters.
+type ClaimOptions struct {
 	Limit     int
 	Unordered bool
 }

@@ -45,8 +45,13 @@ type Options struct {
 	// 250ms; each ping is bounded by ProbeTimeout (default 2s).
 	ProbeInterval time.Duration
 	ProbeTimeout  time.Duration
-	Logger        *slog.Logger // default: discard
-	Observer      Observer     // default: none
+	// StaleAfter is how long the relay may go without completing a cycle
+	// before Ready reports it; default 2 x PublishTimeout (a batch whose
+	// publishes time out, then its record) plus 3 x PollInterval, and at
+	// least 30s.
+	StaleAfter time.Duration
+	Logger     *slog.Logger // default: discard
+	Observer   Observer     // default: none
 }
 
 // Upper bounds of the relay's sizes: past them a relay holds more
@@ -77,6 +82,7 @@ func (o Options) WithDefaults() (Options, error) {
 		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
 		{"ProbeInterval", "not negative", o.ProbeInterval < 0},
 		{"ProbeTimeout", "not negative", o.ProbeTimeout < 0},
+		{"StaleAfter", "not negative", o.StaleAfter < 0},
 		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
 		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
 	}
@@ -103,6 +109,7 @@ func (o Options) WithDefaults() (Options, error) {
 	defDur(&o.ShutdownTimeout, 30*time.Second)
 	defDur(&o.ProbeInterval, 250*time.Millisecond)
 	defDur(&o.ProbeTimeout, 2*time.Second)
+	defDur(&o.StaleAfter, max(2*o.PublishTimeout+3*o.PollInterval, 30*time.Second))
 	if o.RetryBackoff == (Backoff{}) {
 		o.RetryBackoff = Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
 	}
@@ -131,6 +138,7 @@ type Relay struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	progress atomic.Int64 // unix nanos of the last cycle that reached the store
+	startAt  atomic.Int64 // unix nanos of Start; Ready's grace before the first cycle
 
 	mu         sync.Mutex
 	started    bool
@@ -187,6 +195,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		return errors.New("start relay: already started")
 	}
 	r.started = true
+	r.startAt.Store(time.Now().UnixNano())
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancelWork = cancel
 	r.done = make(chan struct{})
@@ -300,8 +309,8 @@ func (r *Relay) claimLoop(ctx context.Context) {
 				r.Wake() // a backlog: bring an idle sibling in
 			}
 			continue
-		case soon:
-			wait = min(wait, contendedPause)
+		case truncated:
+			wait = min(wait, truncatedPause)
 		}
 		if !r.sleep(ctx, wait, true) {
 			return
@@ -313,15 +322,16 @@ func (r *Relay) claimLoop(ctx context.Context) {
 type pace int
 
 const (
-	idle  pace = iota // caught up: wait for a wake-up or the poll interval
-	again             // a full batch: more is waiting, claim at once
-	soon              // the store held events back for other relays' claims
+	idle      pace = iota // caught up: wait for a wake-up or the poll interval
+	again                 // a full batch: more is waiting, claim at once
+	truncated             // the claim left pending events out (core.Truncated)
 )
 
-// contendedPause is the wait after a claim the store cut short because
-// other relays held earlier events of the same aggregates: long enough not
-// to spin on their locks, short next to a batch's publish time.
-const contendedPause = 20 * time.Millisecond
+// truncatedPause is the wait after a truncated claim: the store left
+// events out because other relays held earlier events of their aggregates
+// (or the claim reached its byte limit). Long enough not to spin on their
+// locks, short next to a batch's publish time.
+const truncatedPause = 20 * time.Millisecond
 
 // sleep waits d, or less when woken (if wakeable); false means stop.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool {
@@ -417,7 +427,7 @@ func (r *Relay) probe(ctx context.Context) error {
 // next.
 func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	start := time.Now()
-	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered})
+	claim, err := r.store.Claim(ctx, ClaimOptions{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered})
 	if err != nil {
 		r.obs.Errored("claim", err)
 		return idle, fmt.Errorf("claim batch: %w", err)
@@ -430,7 +440,7 @@ func (r *Relay) cycle(ctx context.Context) (next pace, err error) {
 	case len(events)+len(rejected) >= r.opts.BatchSize:
 		next = again
 	case isTruncated(claim) || len(rejected) > 0:
-		next = soon
+		next = truncated
 	}
 	if len(events) == 0 && len(rejected) == 0 {
 		if err := claim.Release(ctx); err != nil {

@@ -56,7 +56,7 @@ type countingStore struct {
 	claims atomic.Int64
 }
 
-func (s *countingStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *countingStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	s.claims.Add(1)
 	return s.Store.Claim(ctx, req)
 }

@@ -3,14 +3,21 @@
 # then stops them. Existing servers are used instead when named:
 #   OUTBOX_TEST_DATABASE_URL  postgres://user:pass@host:port/db
 #   OUTBOX_TEST_AMQP_URL      amqp://user:pass@host:port/   (or "none" to skip RabbitMQ)
+#   OUTBOX_TEST_CHROMIUM      a Chromium or Chrome binary, with --chromium (the console's browser test)
 # With OUTBOX_SERVICES_ENV set to a file name, the variables are also written
 # there (for a shell that keeps servers running: scripts/services.sh sleep 3600 &).
 # Missing server packages are installed with apt-get when running as root.
-# Usage: scripts/services.sh [--no-rabbitmq] command args...
+# Usage: scripts/services.sh [--no-rabbitmq] [--chromium] command args...
 set -euo pipefail
 
-want_rabbit=1
-if [ "${1:-}" = "--no-rabbitmq" ]; then want_rabbit=0; shift; fi
+want_rabbit=1 want_chromium=0
+while :; do
+  case "${1:-}" in
+    --no-rabbitmq) want_rabbit=0; shift ;;
+    --chromium) want_chromium=1; shift ;;
+    *) break ;;
+  esac
+done
 [ "${OUTBOX_TEST_AMQP_URL:-}" = "none" ] && want_rabbit=0
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -118,7 +125,25 @@ start_rabbitmq() {
   log "RabbitMQ on 127.0.0.1:$port"
 }
 
+# The browser the console's test drives: one on PATH, else Debian's
+# chromium. Without root and without a browser the test skips (fails in CI).
+find_chromium() {
+  if [ -n "${OUTBOX_TEST_CHROMIUM:-}" ]; then return; fi
+  local c
+  for c in chromium chromium-browser google-chrome; do
+    if command -v "$c" >/dev/null; then export OUTBOX_TEST_CHROMIUM; OUTBOX_TEST_CHROMIUM=$(command -v "$c"); return; fi
+  done
+  if [ "$(id -u)" != 0 ]; then
+    log "chromium is not installed and this is not root: the console's browser test will not run"
+    return
+  fi
+  apt_install chromium
+  export OUTBOX_TEST_CHROMIUM; OUTBOX_TEST_CHROMIUM=$(command -v chromium)
+  log "chromium $("$OUTBOX_TEST_CHROMIUM" --version 2>/dev/null | awk '{print $2}') for the browser test"
+}
+
 [ -n "${OUTBOX_TEST_DATABASE_URL:-}" ] || start_postgres
+if [ "$want_chromium" = 1 ]; then find_chromium; fi
 if [ "$want_rabbit" = 1 ] && [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then start_rabbitmq; fi
 
 if [ -n "${OUTBOX_SERVICES_ENV:-}" ]; then

@@ -161,7 +161,7 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 				if n := obs.count(); n != 1 {
 					t.Errorf("observer saw %d rejections, want 1 (a held row is not claimed again)", n)
 				}
-				stuck, err := s.Stuck(ctx, store.StuckQuery{})
+				stuck, err := s.Stuck(ctx, store.StuckOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -216,7 +216,7 @@ func TestClaimBoundedByBytes(t *testing.T) {
 		if claims > 10 {
 			t.Fatalf("ten rows took more than ten claims")
 		}
-		c, err := s.Claim(ctx, core.ClaimRequest{Limit: 500})
+		c, err := s.Claim(ctx, core.ClaimOptions{Limit: 500})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -86,7 +86,7 @@ func FuzzClaimRows(f *testing.F) {
 			if round > 10 {
 				t.Fatal("four rows took more than ten claims")
 			}
-			c, err := s.Claim(ctx, core.ClaimRequest{Limit: 10})
+			c, err := s.Claim(ctx, core.ClaimOptions{Limit: 10})
 			if err != nil {
 				t.Fatalf("claim failed on a row's content: %v", err)
 			}

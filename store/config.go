@@ -109,6 +109,7 @@ type names struct {
 	KeyCheck, PayloadCheck, ContentTypeCheck           string // migration 7
 	TopicCheck, DeliverCheck, ReservedCheck            string
 	WriteFunc, ScheduleFunc, ScheduleTrigger           string
+	FailedIdx                                          string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -129,6 +130,7 @@ func (c Config) names() names {
 		NotifyTrigger:  ident(c.Table + "_notify"),
 		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
+		FailedIdx:      ident(c.Table + "_failed"),
 
 		KeyCheck:         ident(c.Table + "_key_check"),
 		PayloadCheck:     ident(c.Table + "_payload_check"),

@@ -197,7 +197,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, unordered := range []bool{false, true} {
-		c, err := st.Claim(ctx, core.ClaimRequest{Limit: 10, Unordered: unordered})
+		c, err := st.Claim(ctx, core.ClaimOptions{Limit: 10, Unordered: unordered})
 		if err != nil {
 			t.Fatalf("relay claim (unordered %v): %v", unordered, err)
 		}
@@ -265,7 +265,7 @@ func TestLeastPrivilegeWithoutRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := st.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := st.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatalf("relay claim: %v", err)
 	}

@@ -59,6 +59,9 @@ type Replica struct {
 	Connections int
 	InClaim     int       // sessions inside a transaction: claims being published
 	OldestClaim time.Time // start of the oldest open transaction; zero if none
+	// LastQuery is when the relay last sent a statement (its claims, every
+	// poll interval when idle): how recently it was seen working.
+	LastQuery time.Time
 }
 
 // Status measures the outbox. Every count is served by a partial index
@@ -112,7 +115,7 @@ FROM (
 func (s *Store) replicas(ctx context.Context, app string) ([]Replica, error) {
 	rows, err := s.pool.Query(ctx, `
 SELECT COALESCE(NULLIF(substr(application_name, length($1) + 2), ''), host(client_addr), 'local'), count(*),
-       count(*) FILTER (WHERE xact_start IS NOT NULL), min(xact_start)
+       count(*) FILTER (WHERE xact_start IS NOT NULL), min(xact_start), max(query_start)
 FROM pg_stat_activity
 WHERE datname = current_database() AND (application_name = $1 OR starts_with(application_name, $1 || ' '))
 GROUP BY 1 ORDER BY 1`, app)
@@ -123,14 +126,17 @@ GROUP BY 1 ORDER BY 1`, app)
 	var out []Replica
 	for rows.Next() {
 		var (
-			r      Replica
-			oldest *time.Time
+			r            Replica
+			oldest, last *time.Time
 		)
-		if err := rows.Scan(&r.Client, &r.Connections, &r.InClaim, &oldest); err != nil {
+		if err := rows.Scan(&r.Client, &r.Connections, &r.InClaim, &oldest, &last); err != nil {
 			return nil, fmt.Errorf("list relay sessions: scan: %w", err)
 		}
 		if oldest != nil {
 			r.OldestClaim = *oldest
+		}
+		if last != nil {
+			r.LastQuery = *last
 		}
 		out = append(out, r)
 	}
@@ -177,7 +183,7 @@ func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
 		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
-    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL
+    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL
     FROM m WHERE o.seq = m.seq RETURNING o.seq)
 SELECT count(*), COALESCE(max(seq), 0) FROM u`
 	}

@@ -136,8 +136,9 @@ func TestStatusListsRelaySessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Replicas) != 1 || s.Replicas[0].InClaim != 1 || s.Replicas[0].OldestClaim.IsZero() {
-		t.Errorf("replicas = %+v, want one with an open transaction", s.Replicas)
+	if len(s.Replicas) != 1 || s.Replicas[0].InClaim != 1 || s.Replicas[0].OldestClaim.IsZero() ||
+		s.Replicas[0].LastQuery.Before(s.Replicas[0].OldestClaim) {
+		t.Errorf("replicas = %+v, want one with an open transaction and its last statement in it", s.Replicas)
 	}
 }
 
@@ -435,7 +436,7 @@ SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{}' FROM generate_
 			default:
 			}
 			t0 := time.Now()
-			c, err := st.Claim(ctx, core.ClaimRequest{Limit: 100})
+			c, err := st.Claim(ctx, core.ClaimOptions{Limit: 100})
 			if err != nil {
 				t.Error(err)
 				return lat

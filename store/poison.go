@@ -24,8 +24,8 @@ const (
 	defaultStuck = 100
 )
 
-// StuckQuery says which events Stuck lists.
-type StuckQuery struct {
+// StuckOptions says which events Stuck lists.
+type StuckOptions struct {
 	// OlderThan lists pending events created at least this long ago;
 	// zero means DefaultStuckAge. Events held for an operator (a
 	// permanent failure) are listed whatever their age.
@@ -72,7 +72,7 @@ type StuckEvent struct {
 // Stuck lists events that have not gone out, oldest first: pending events
 // due (created, or past their deliver-at time) before q.OlderThan ago, held
 // events of any age and, when asked, parked and scheduled ones. It takes no locks and changes nothing.
-func (s *Store) Stuck(ctx context.Context, q StuckQuery) ([]StuckEvent, error) {
+func (s *Store) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error) {
 	switch {
 	case q.OlderThan < 0:
 		return nil, fmt.Errorf("list stuck events: OlderThan %v is negative", q.OlderThan)
@@ -165,7 +165,7 @@ LIMIT $2`
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event not yet tried is waiting as asked, not failing.
-	n, err := s.update(ctx, sel, "o.parked_at IS NULL AND o.retry_at IS NOT NULL AND o.attempts > 0", "retry_at = NULL")
+	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL")
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
 	}
@@ -185,7 +185,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	case len(reason) > maxReason:
 		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), maxReason)
 	}
-	n, err := s.update(ctx, sel, "o.parked_at IS NULL", "parked_at = now(), parked_reason = $1", reason)
+	n, err := s.update(ctx, sel, actionStates[ActionPark], "parked_at = now(), parked_reason = $1", reason)
 	if err != nil {
 		return 0, fmt.Errorf("park events (%s): %w", sel, err)
 	}
@@ -199,13 +199,22 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 // while it was parked stay published, so consumers see it after them.
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event goes back to waiting for its time.
-	n, err := s.update(ctx, sel, "o.parked_at IS NOT NULL",
+	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
 		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END")
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
 	}
 	s.log.Info("events unparked", "selector", sel.String(), "count", n)
 	return n, nil
+}
+
+// actionStates are the undispatched events each action touches: Retry the
+// failed ones waiting (held or backing off), Park the pending ones, Unpark
+// the parked ones. Affected counts by the same conditions.
+var actionStates = map[Action]string{
+	ActionRetry:  "o.parked_at IS NULL AND o.retry_at IS NOT NULL AND o.attempts > 0",
+	ActionPark:   "o.parked_at IS NULL",
+	ActionUnpark: "o.parked_at IS NOT NULL",
 }
 
 // update applies set to the undispatched events matching sel and state.

@@ -77,7 +77,7 @@ func (f *poisonFixture) table() string { return `"` + f.cfg.Schema + `"."events_
 // claim takes one ordered claim and returns it with its event ids.
 func (f *poisonFixture) claim(limit int) (core.Claim, []int64) {
 	f.t.Helper()
-	c, err := f.st.Claim(f.ctx, core.ClaimRequest{Limit: limit})
+	c, err := f.st.Claim(f.ctx, core.ClaimOptions{Limit: limit})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func (f *poisonFixture) cycle(fail map[int64]string) []int64 {
 	return ids
 }
 
-func (f *poisonFixture) stuck(q store.StuckQuery) map[int64]store.StuckEvent {
+func (f *poisonFixture) stuck(q store.StuckOptions) map[int64]store.StuckEvent {
 	f.t.Helper()
 	list, err := f.st.Stuck(f.ctx, q)
 	if err != nil {
@@ -159,7 +159,7 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 		t.Fatalf("claim after a permanent failure got %v; want only %v (good aggregate), not %v", got, more, badIDs[1:])
 	}
 
-	list := f.stuck(store.StuckQuery{})
+	list := f.stuck(store.StuckOptions{})
 	e, ok := list[badIDs[0]]
 	if !ok || len(list) != 1 {
 		t.Fatalf("Stuck = %+v, want only the held event %d", list, badIDs[0])
@@ -176,7 +176,7 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE seq = $1`, badIDs[2]); err != nil {
 		t.Fatal(err)
 	}
-	list = f.stuck(store.StuckQuery{OlderThan: 10 * time.Minute})
+	list = f.stuck(store.StuckOptions{OlderThan: 10 * time.Minute})
 	if w := list[badIDs[2]]; w.WaitsFor != badIDs[0] || w.Held || w.Blocking {
 		t.Fatalf("old pending event listed as %+v, want WaitsFor %d", w, badIDs[0])
 	}
@@ -192,7 +192,7 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 	if len(got) != 3 || got[0] != badIDs[0] {
 		t.Fatalf("claim after Retry got %v, want %v", got, badIDs)
 	}
-	if list := f.stuck(store.StuckQuery{OlderThan: time.Nanosecond}); len(list) != 0 {
+	if list := f.stuck(store.StuckOptions{OlderThan: time.Nanosecond}); len(list) != 0 {
 		t.Fatalf("Stuck after everything went out = %+v", list)
 	}
 }
@@ -203,7 +203,7 @@ func TestParkLetsTheAggregateProceedAndUnparkKeepsIdentity(t *testing.T) {
 	ids := f.write(agg, "a.one", "a.two")
 	f.cycle(map[int64]string{ids[0]: "unroutable"})
 	var uid string
-	for _, e := range f.stuck(store.StuckQuery{}) {
+	for _, e := range f.stuck(store.StuckOptions{}) {
 		uid = e.ID
 	}
 
@@ -217,10 +217,10 @@ func TestParkLetsTheAggregateProceedAndUnparkKeepsIdentity(t *testing.T) {
 	if got := f.cycle(nil); len(got) != 1 || got[0] != ids[1] {
 		t.Fatalf("claim after Park got %v, want the later event %d", got, ids[1])
 	}
-	if list := f.stuck(store.StuckQuery{}); len(list) != 0 {
+	if list := f.stuck(store.StuckOptions{}); len(list) != 0 {
 		t.Fatalf("parked event listed without IncludeParked: %+v", list)
 	}
-	p, ok := f.stuck(store.StuckQuery{IncludeParked: true})[ids[0]]
+	p, ok := f.stuck(store.StuckOptions{IncludeParked: true})[ids[0]]
 	if !ok || p.ParkedAt.IsZero() || p.ParkedReason != "bad payload, see ticket 12" || p.LastError != "unroutable" || p.Blocking {
 		t.Fatalf("parked event listed as %+v", p)
 	}
@@ -314,8 +314,11 @@ func TestOperatorInputErrors(t *testing.T) {
 			_, err := f.st.Park(f.ctx, store.Selector{Type: "x"}, strings.Repeat("r", 3000))
 			return err
 		}, "over the limit"},
-		{"negative age", func() error { _, err := f.st.Stuck(f.ctx, store.StuckQuery{OlderThan: -time.Second}); return err }, "OlderThan"},
-		{"huge limit", func() error { _, err := f.st.Stuck(f.ctx, store.StuckQuery{Limit: store.MaxSelected + 1}); return err }, "Limit"},
+		{"negative age", func() error { _, err := f.st.Stuck(f.ctx, store.StuckOptions{OlderThan: -time.Second}); return err }, "OlderThan"},
+		{"huge limit", func() error {
+			_, err := f.st.Stuck(f.ctx, store.StuckOptions{Limit: store.MaxSelected + 1})
+			return err
+		}, "Limit"},
 	}
 	for _, c := range cases {
 		err := c.run()
@@ -336,7 +339,7 @@ func TestRetryReleasesABackingOffEvent(t *testing.T) {
 	if got := f.cycle(nil); len(got) != 0 {
 		t.Fatalf("claim during backoff got %v", got)
 	}
-	e := f.stuck(store.StuckQuery{OlderThan: time.Nanosecond})[ids[0]]
+	e := f.stuck(store.StuckOptions{OlderThan: time.Nanosecond})[ids[0]]
 	if e.Held || e.RetryAt.Before(time.Now().Add(50*time.Minute)) || e.LastError != "timeout" || e.HeldBack != 1 {
 		t.Fatalf("backing-off event listed as %+v", e)
 	}
@@ -361,7 +364,7 @@ func ExampleStore_Stuck() {
 	if err != nil {
 		return
 	}
-	stuck, err := st.Stuck(ctx, store.StuckQuery{OlderThan: 5 * time.Minute})
+	stuck, err := st.Stuck(ctx, store.StuckOptions{OlderThan: 5 * time.Minute})
 	if err != nil {
 		return
 	}

@@ -26,7 +26,7 @@ func (in *instance) write(ctx context.Context, t *testing.T, msgs ...outbox.Mess
 // it in claim order.
 func (in *instance) claimAll(ctx context.Context, t *testing.T, unordered bool) []core.Event {
 	t.Helper()
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 100, Unordered: unordered})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 100, Unordered: unordered})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -65,7 +65,7 @@ func TestAnyStringKeyOrdersItsAggregate(t *testing.T) {
 	in.write(ctx, t, msgs...)
 
 	// Fail the first event of ord_2Xb9 with a retry an hour away.
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil || len(c.Events()) != 1 || c.Events()[0].AggregateID != "ord_2Xb9" {
 		t.Fatalf("first claim: %v %+v", err, c.Events())
 	}
@@ -141,7 +141,7 @@ func TestPayloadBytesOverTheEventLimitIsHeld(t *testing.T) {
 	in.write(ctx, t,
 		outbox.Message{AggregateID: "big", Type: "b.big", ContentType: "application/octet-stream", Payload: make([]byte, 2048)},
 		outbox.Message{AggregateID: "small", Type: "b.small", ContentType: "application/octet-stream", Payload: make([]byte, 100)})
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestScheduledEvent(t *testing.T) {
 				t.Errorf("status: %d scheduled, %d retrying, %d pending; want 1, 0, 4", st.Scheduled, st.Retrying, st.Pending)
 			}
 			time.Sleep(5 * time.Millisecond)
-			stuck, err := in.s.Stuck(ctx, store.StuckQuery{OlderThan: time.Millisecond})
+			stuck, err := in.s.Stuck(ctx, store.StuckOptions{OlderThan: time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,7 +197,7 @@ func TestScheduledEvent(t *testing.T) {
 			if st.OldestPending.IsZero() {
 				t.Error("status shows no oldest pending event")
 			}
-			sched, err := in.s.Stuck(ctx, store.StuckQuery{OlderThan: time.Hour, IncludeScheduled: true})
+			sched, err := in.s.Stuck(ctx, store.StuckOptions{OlderThan: time.Hour, IncludeScheduled: true})
 			if err != nil {
 				t.Fatal(err)
 			}

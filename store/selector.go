@@ -18,6 +18,9 @@ type Selector struct {
 	Type           string    // exact event type
 	CreatedAfter   time.Time // created at or after; zero leaves it open
 	CreatedBefore  time.Time // created before; zero leaves it open
+	// Fingerprint selects events whose last error has this fingerprint
+	// (FailureGroup.Fingerprint): one failure across many events.
+	Fingerprint string
 }
 
 // String describes the selector for logs and messages.
@@ -53,6 +56,9 @@ func (sel Selector) String() string {
 	}
 	if !sel.CreatedBefore.IsZero() {
 		parts = append(parts, "created before "+sel.CreatedBefore.UTC().Format(time.RFC3339))
+	}
+	if sel.Fingerprint != "" {
+		parts = append(parts, "error like "+strconv.Quote(sel.Fingerprint))
 	}
 	if len(parts) == 0 {
 		return "nothing"
@@ -116,8 +122,11 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 	if !sel.CreatedBefore.IsZero() {
 		conds = append(conds, col("created_at")+" < "+param(sel.CreatedBefore))
 	}
+	if sel.Fingerprint != "" {
+		conds = append(conds, col("last_error")+" IS NOT NULL AND "+fingerprint(col("last_error"))+" = "+param(sel.Fingerprint))
+	}
 	if len(conds) == 0 {
-		return "", nil, errors.New("selector is empty: name event seqs, a seq range, an aggregate, a type or a time range")
+		return "", nil, errors.New("selector is empty: name event seqs, a seq range, an aggregate, a type, a time range or an error fingerprint")
 	}
 	return strings.Join(conds, " AND "), args, nil
 }

@@ -117,7 +117,7 @@ ORDER BY c.seq`
 		claimUnordered: unordered,
 		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
-SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity')
+SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
 WHERE o.seq = f.seq`,
 	}, nil
@@ -146,7 +146,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // size over MaxEventBytes) comes back as a rejection, which the relay holds
 // like a permanent publish failure. In ordered mode the later events of its
 // aggregate stay out of the claim.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	q := s.claimOrdered
 	if req.Unordered {
 		q = s.claimUnordered
@@ -182,7 +182,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
-			c.cut = true
+			c.truncated = true
 			continue
 		}
 		// One of the two payload columns is set (the table checks it).
@@ -196,7 +196,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 			e.Topic = *topic
 		}
 		if !req.Unordered && rejectedAggs[e.AggregateID] {
-			c.cut = true
+			c.truncated = true
 			continue
 		}
 		if err := s.decode(&e, headers, size); err != nil {
@@ -278,11 +278,11 @@ func CheckType(t string) error {
 }
 
 type claim struct {
-	s        *Store
-	tx       pgx.Tx
-	events   []core.Event
-	rejected []core.Rejection
-	cut      bool // some candidates were left out and stay pending
+	s         *Store
+	tx        pgx.Tx
+	events    []core.Event
+	rejected  []core.Rejection
+	truncated bool // some candidates were left out and stay pending
 }
 
 var (
@@ -297,7 +297,7 @@ func (c *claim) Events() []core.Event { return c.events }
 func (c *claim) Rejected() []core.Rejection { return c.rejected }
 
 // Truncated implements core.Truncated.
-func (c *claim) Truncated() bool { return c.cut }
+func (c *claim) Truncated() bool { return c.truncated }
 
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	if c.tx == nil {

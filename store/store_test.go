@@ -128,16 +128,16 @@ func TestKilledClaimIsReclaimable(t *testing.T) {
 	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
 		t.Fatal(err)
 	}
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil || len(c.Events()) != 1 {
 		t.Fatalf("claim: %v, %d events", err, len(c.Events()))
 	}
-	blocked, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	blocked, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil || len(blocked.Events()) != 0 {
 		t.Fatalf("second claim while the first is open: %v, %d events", err, len(blocked.Events()))
 	}
 	in.Crash(ctx, t)
-	again, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	again, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatalf("claim after the kill: %v", err)
 	}
@@ -160,7 +160,7 @@ func TestFailureRecorded(t *testing.T) {
 	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
 		t.Fatal(err)
 	}
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestPayloadAndHeadersRoundTrip(t *testing.T) {
 	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: payload, Headers: headers}}, true); err != nil {
 		t.Fatal(err)
 	}
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func TestHostileNames(t *testing.T) {
 	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
 		t.Fatalf("write: %v", err)
 	}
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -520,17 +520,17 @@ func TestClaimOddLimits(t *testing.T) {
 	if err := in.Produce(ctx, []core.Event{{AggregateID: "00000000-0000-4000-8000-000000000001", Type: "t.x", Payload: []byte(`{}`)}}, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := in.s.Claim(ctx, core.ClaimRequest{Limit: -1}); err == nil {
+	if _, err := in.s.Claim(ctx, core.ClaimOptions{Limit: -1}); err == nil {
 		t.Fatal("a negative limit was accepted")
 	}
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1 << 40})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 1 << 40})
 	if err != nil || len(c.Events()) != 1 {
 		t.Fatalf("claim with a huge limit: %v", err)
 	}
 	if err := c.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err = in.s.Claim(ctx, core.ClaimRequest{Limit: 0})
+	c, err = in.s.Claim(ctx, core.ClaimOptions{Limit: 0})
 	if err != nil || len(c.Events()) != 0 {
 		t.Fatalf("claim with limit 0: %v, %d events", err, len(c.Events()))
 	}

@@ -163,7 +163,7 @@ func TestMigration7ConvertsKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := st.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := st.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,8 @@
 // lanes.
 //
 // A topic maps to an exchange (one per topic, named after it, unless
-// Settings.Exchange names a single one) and to the routing key. Unless
-// Settings.Passive is set, the publisher declares, on first use of a topic,
+// Config.Exchange names a single one) and to the routing key. Unless
+// Config.Passive is set, the publisher declares, on first use of a topic,
 // the durable exchange and a durable queue named after the topic bound with
 // the topic as binding key, so no event is dropped for want of a queue.
 package amqp
@@ -38,13 +38,13 @@ import (
 var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "cloudEvents_"}
 
 func init() {
-	brokers.RegisterSettings("amqp", New)
+	brokers.RegisterConfig("amqp", New)
 	brokers.RegisterCloudEventsBinding("amqp", CloudEventsBinding)
 }
 
-// Settings configure the AMQP publisher; keys are those of the
+// Config configure the AMQP publisher; keys are those of the
 // brokers.amqp configuration section (environment: OUTBOX_BROKERS_AMQP_<KEY>).
-type Settings struct {
+type Config struct {
 	// URL is amqp://host:port/vhost or amqps://...; required. It may hold
 	// the credentials; User and Password, when set, replace them.
 	URL      string `koanf:"url"`
@@ -70,7 +70,7 @@ type Settings struct {
 	TLSInsecureSkipVerify bool   `koanf:"tls_insecure_skip_verify"`
 }
 
-func (s Settings) withDefaults() Settings {
+func (s Config) withDefaults() Config {
 	if s.ExchangeType == "" {
 		s.ExchangeType = "topic"
 	}
@@ -88,7 +88,7 @@ func (s Settings) withDefaults() Settings {
 
 // Validate reports the first missing or invalid setting, naming its key.
 // Errors never include the URL's password.
-func (s Settings) Validate() error {
+func (s Config) Validate() error {
 	s = s.withDefaults()
 	if s.URL == "" {
 		return errors.New("amqp: url is empty")
@@ -123,7 +123,7 @@ func (s Settings) Validate() error {
 }
 
 // uri returns the URL with User and Password applied, and a form safe to log.
-func (s Settings) uri() (full, redacted string, _ error) {
+func (s Config) uri() (full, redacted string, _ error) {
 	u, err := url.Parse(s.URL)
 	if err != nil {
 		return "", "", errors.New("amqp: url is not a valid URL")
@@ -143,7 +143,7 @@ func (s Settings) uri() (full, redacted string, _ error) {
 // ping that outlives its deadline aborts them and the next publish
 // connects anew, as it does once the connection drops or the pool loses a
 // channel. Opening a link, pool included, is bounded by ConnectTimeout.
-func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
+func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 // dialer opens links: one AMQP connection with its pool of confirm
 // channels.
 type dialer struct {
-	s             Settings
+	s             Config
 	uri, redacted string
 	cfg           amqp091.Config
 	exchange      wmamqp.ExchangeNameGenerator
@@ -275,7 +275,7 @@ type topology struct {
 	socks    *brokers.Sockets
 	uri      string
 	cfg      amqp091.Config
-	s        Settings
+	s        Config
 	exchange wmamqp.ExchangeNameGenerator
 
 	mu   sync.RWMutex

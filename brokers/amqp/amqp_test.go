@@ -127,7 +127,7 @@ func TestConformance(t *testing.T) {
 			var u string
 			u, proxy = viaProxy(t, raw)
 			drop = newDropSignal()
-			pub, err := amqp.New(t.Context(), amqp.Settings{URL: u, Channels: 8}, r, slog.New(drop))
+			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 8}, r, slog.New(drop))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,7 +150,7 @@ func TestConformance(t *testing.T) {
 
 func TestFixedExchange(t *testing.T) {
 	raw := rabbitURL(t)
-	pub, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, nil, nil)
+	pub, err := amqp.New(t.Context(), amqp.Config{URL: raw, Exchange: "outbox-test-events"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestFixedExchange(t *testing.T) {
 	topic := "fixed" + strings.ReplaceAll(t.Name(), "/", "-")
 	e := &core.Event{Seq: 3, ID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
 	r := &brokers.Routing{Fixed: topic}
-	p2, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, r, nil)
+	p2, err := amqp.New(t.Context(), amqp.Config{URL: raw, Exchange: "outbox-test-events"}, r, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestPermanentErrors(t *testing.T) {
 	if err := ch.ExchangeDeclare(clash, "fanout", false, true, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{Fixed: clash}, nil)
+	pub, err := amqp.New(t.Context(), amqp.Config{URL: raw}, &brokers.Routing{Fixed: clash}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestPermanentErrors(t *testing.T) {
 	}
 
 	// Passive: the exchange does not exist.
-	passive, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Passive: true}, &brokers.Routing{Fixed: "missing-" + clash}, nil)
+	passive, err := amqp.New(t.Context(), amqp.Config{URL: raw, Passive: true}, &brokers.Routing{Fixed: "missing-" + clash}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestPermanentErrors(t *testing.T) {
 	if err := pub.Publish(t.Context(), &core.Event{Seq: 2, ID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
 		t.Errorf("second publish to the clashing exchange: %v", err)
 	}
-	ok, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
+	ok, err := amqp.New(t.Context(), amqp.Config{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestCredentialsNotLeaked(t *testing.T) {
 	const secret = "not-the-password-7Hq"
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	for _, s := range []amqp.Settings{
+	for _, s := range []amqp.Config{
 		{URL: raw, User: "guest", Password: secret},
 		{URL: "amqp://guest:" + secret + "@" + u.Host + "/"},
 		{URL: "amqp://guest:" + secret + "@127.0.0.1:1/"}, // nothing listens
@@ -247,16 +247,16 @@ func TestCredentialsNotLeaked(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := []struct {
-		s    amqp.Settings
+		s    amqp.Config
 		want string
 	}{
-		{amqp.Settings{}, "amqp: url is empty"},
-		{amqp.Settings{URL: "http://h:5672/"}, "amqp: url: scheme"},
-		{amqp.Settings{URL: "amqp:///"}, "amqp: url has no host"},
-		{amqp.Settings{URL: "amqp://h/", Password: "x"}, "amqp: password is set but user is empty"},
-		{amqp.Settings{URL: "amqp://h/", ExchangeType: "x-delayed"}, "amqp: exchange_type"},
-		{amqp.Settings{URL: "amqp://h/", Channels: -1}, "amqp: channels"},
-		{amqp.Settings{URL: "amqp://u:pw-9x@h/%zz"}, "amqp: url is not a valid URL"},
+		{amqp.Config{}, "amqp: url is empty"},
+		{amqp.Config{URL: "http://h:5672/"}, "amqp: url: scheme"},
+		{amqp.Config{URL: "amqp:///"}, "amqp: url has no host"},
+		{amqp.Config{URL: "amqp://h/", Password: "x"}, "amqp: password is set but user is empty"},
+		{amqp.Config{URL: "amqp://h/", ExchangeType: "x-delayed"}, "amqp: exchange_type"},
+		{amqp.Config{URL: "amqp://h/", Channels: -1}, "amqp: channels"},
+		{amqp.Config{URL: "amqp://u:pw-9x@h/%zz"}, "amqp: url is not a valid URL"},
 	}
 	for _, c := range cases {
 		err := c.s.Validate()
@@ -272,10 +272,10 @@ func TestValidate(t *testing.T) {
 func TestRegistered(t *testing.T) {
 	raw := rabbitURL(t)
 	cfg := brokers.DecoderFunc(func(v any) error {
-		*(v.(*amqp.Settings)) = amqp.Settings{URL: raw, Channels: 2}
+		*(v.(*amqp.Config)) = amqp.Config{URL: raw, Channels: 2}
 		return nil
 	})
-	pub, err := brokers.Open(t.Context(), "amqp", brokers.Params{Config: cfg})
+	pub, err := brokers.Open(t.Context(), "amqp", brokers.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func TestStalls(t *testing.T) {
 	brokertest.RunStalls(t, brokertest.StallHarness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			u, proxy := viaProxy(t, raw)
-			pub, err := amqp.New(t.Context(), amqp.Settings{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, nil)
+			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

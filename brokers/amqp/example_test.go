@@ -14,7 +14,7 @@ import (
 func ExampleNew() {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	pub, err := amqp.New(ctx, amqp.Settings{
+	pub, err := amqp.New(ctx, amqp.Config{
 		URL:  "amqp://rabbit.internal:5672/",
 		User: "relay", Password: os.Getenv("RABBITMQ_PASSWORD"),
 	}, &brokers.Routing{}, log)

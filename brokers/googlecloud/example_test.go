@@ -17,7 +17,7 @@ func ExampleNew() {
 	defer srv.Close()
 
 	ctx := context.Background()
-	pub, err := googlecloud.New(ctx, googlecloud.Settings{
+	pub, err := googlecloud.New(ctx, googlecloud.Config{
 		ProjectID: "my-project", EmulatorHost: srv.Addr, CreateTopics: true,
 	}, &brokers.Routing{}, nil)
 	if err != nil {

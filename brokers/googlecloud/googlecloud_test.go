@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/pstest"
 	"go.uber.org/goleak"
@@ -61,7 +62,7 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, brokertest.Harness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) core.Publisher {
 			srv = server(t)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true, PublishTimeout: 3 * time.Second,
 			}, r, nil)
 			if err != nil {
@@ -78,7 +79,7 @@ func TestConformance(t *testing.T) {
 
 func TestPermanentErrorsAndResume(t *testing.T) {
 	srv := server(t)
-	pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true},
+	pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true},
 		&brokers.Routing{Fixed: "refusals"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +92,7 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 		t.Fatalf("publish the service refuses as invalid: %v, want a permanent error", err)
 	}
 	// The failure paused the ordering key; the publisher resumes it.
+	//lint:ignore SA1019 pstest of pubsub v1 takes the v1 type
 	srv.AddPublishResponse(&pubsubpb.PublishResponse{MessageIds: []string{"m2"}}, nil)
 	e.Seq = 2
 	if err := pub.Publish(t.Context(), e); err != nil {
@@ -105,7 +107,7 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 
 func TestMissingTopicIsPermanent(t *testing.T) {
 	srv := server(t)
-	pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr}, nil, nil)
+	pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,13 +120,13 @@ func TestMissingTopicIsPermanent(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := []struct {
-		s    googlecloud.Settings
+		s    googlecloud.Config
 		want string
 	}{
-		{googlecloud.Settings{}, "googlecloud: project_id is empty"},
-		{googlecloud.Settings{ProjectID: "p", EmulatorHost: "h:1", CredentialsFile: "f"}, "emulator_host and credentials_file"},
-		{googlecloud.Settings{ProjectID: "p", DelayThreshold: -1}, "googlecloud: delay_threshold"},
-		{googlecloud.Settings{ProjectID: "p", CountThreshold: -1}, "googlecloud: count_threshold"},
+		{googlecloud.Config{}, "googlecloud: project_id is empty"},
+		{googlecloud.Config{ProjectID: "p", EmulatorHost: "h:1", CredentialsFile: "f"}, "emulator_host and credentials_file"},
+		{googlecloud.Config{ProjectID: "p", DelayThreshold: -1}, "googlecloud: delay_threshold"},
+		{googlecloud.Config{ProjectID: "p", CountThreshold: -1}, "googlecloud: count_threshold"},
 	}
 	for _, c := range cases {
 		if err := c.s.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -136,10 +138,10 @@ func TestValidate(t *testing.T) {
 func TestRegistered(t *testing.T) {
 	srv := server(t)
 	cfg := brokers.DecoderFunc(func(v any) error {
-		*(v.(*googlecloud.Settings)) = googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr}
+		*(v.(*googlecloud.Config)) = googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr}
 		return nil
 	})
-	pub, err := brokers.Open(t.Context(), "googlecloud", brokers.Params{Config: cfg})
+	pub, err := brokers.Open(t.Context(), "googlecloud", brokers.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +153,7 @@ func TestStalls(t *testing.T) {
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			srv := server(t)
 			proxy := brokertest.NewProxy(t, srv.Addr)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: proxy.Addr(), CreateTopics: true, PublishTimeout: 3 * time.Second,
 			}, r, nil)
 			if err != nil {

@@ -16,7 +16,7 @@ import (
 func BenchmarkPublish(b *testing.B) {
 	kf := cluster(b)
 	b.Run("adapter", func(b *testing.B) {
-		pub, err := kafka.New(b.Context(), kafka.Settings{Brokers: kf.ListenAddrs()}, nil, nil)
+		pub, err := kafka.New(b.Context(), kafka.Config{Brokers: kf.ListenAddrs()}, nil, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -21,7 +21,7 @@ func ExampleNew() {
 	defer kf.Close()
 
 	ctx := context.Background()
-	pub, err := kafka.New(ctx, kafka.Settings{Brokers: kf.ListenAddrs()},
+	pub, err := kafka.New(ctx, kafka.Config{Brokers: kf.ListenAddrs()},
 		&brokers.Routing{Types: map[string]string{"order.refunded": "payments"}}, nil)
 	if err != nil {
 		fmt.Println(err)

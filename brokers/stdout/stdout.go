@@ -17,10 +17,10 @@ import (
 )
 
 func init() {
-	brokers.Register("stdout", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
+	brokers.Register("stdout", func(ctx context.Context, p brokers.Options) (core.Publisher, error) {
 		var cfg struct{}
 		if err := p.Config.Decode(&cfg); err != nil {
-			return nil, fmt.Errorf("stdout settings: %w", err)
+			return nil, fmt.Errorf("stdout config: %w", err)
 		}
 		return New(os.Stdout, p.Topics), nil
 	})

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub"
 	"cloud.google.com/go/pubsub/pstest"
 	"github.com/IBM/sarama"
@@ -49,7 +50,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 				return nil, nil, nil, fmt.Errorf("start kfake: %w", err)
 			}
 			addrs := kf.ListenAddrs()
-			relay, err := kafka.New(ctx, kafka.Settings{Brokers: addrs}, routing, b.log)
+			relay, err := kafka.New(ctx, kafka.Config{Brokers: addrs}, routing, b.log)
 			if err != nil {
 				kf.Close()
 				return nil, nil, nil, err
@@ -76,7 +77,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 			if url == "" || url == "none" {
 				return nil, nil, nil, errNotMeasured("no RabbitMQ: OUTBOX_TEST_AMQP_URL is not set")
 			}
-			relay, err := amqp.New(ctx, amqp.Settings{URL: url}, routing, b.log)
+			relay, err := amqp.New(ctx, amqp.Config{URL: url}, routing, b.log)
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -95,7 +96,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 		}},
 		{name: "Pub/Sub (pstest, in process)", note: "message ordering on the aggregate id", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
 			srv := pstest.NewServer()
-			relay, err := googlecloud.New(ctx, googlecloud.Settings{ProjectID: "bench", EmulatorHost: srv.Addr, CreateTopics: true}, routing, b.log)
+			relay, err := googlecloud.New(ctx, googlecloud.Config{ProjectID: "bench", EmulatorHost: srv.Addr, CreateTopics: true}, routing, b.log)
 			if err != nil {
 				srv.Close()
 				return nil, nil, nil, err

@@ -234,7 +234,7 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 		return err
 	}
 	viaStore := func(ctx context.Context, _ pgx.Tx) error {
-		c, err := st.Claim(ctx, core.ClaimRequest{Limit: b.cfg.BatchSize})
+		c, err := st.Claim(ctx, core.ClaimOptions{Limit: b.cfg.BatchSize})
 		if err != nil {
 			return err
 		}

@@ -113,7 +113,7 @@ func (s *Store) SetClaimErr(err error) {
 }
 
 // Claim implements core.Store.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -37,7 +37,7 @@ func TestHeldAndRetry(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "a"})
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestHeldAndRetry(t *testing.T) {
 		t.Fatalf("held=%v last error=%q, want held with the reason", s.Held(ids[0]), s.LastError(ids[0]))
 	}
 	s.Retry(ids[0])
-	c, err = s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err = s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestCompleteRejectsForeignIDs(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,11 +94,11 @@ func TestClaimErr(t *testing.T) {
 	s.Add(core.Event{AggregateID: "a"})
 	down := errors.New("connection refused")
 	s.SetClaimErr(down)
-	if _, err := s.Claim(ctx, core.ClaimRequest{Limit: 1}); !errors.Is(err, down) {
+	if _, err := s.Claim(ctx, core.ClaimOptions{Limit: 1}); !errors.Is(err, down) {
 		t.Fatalf("claim error = %v, want %v", err, down)
 	}
 	s.SetClaimErr(nil)
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil || len(c.Events()) != 1 {
 		t.Fatalf("claim after recovery: %v, %d events", err, len(c.Events()))
 	}
@@ -108,12 +108,12 @@ func TestClaimedEventIsACopy(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	s.Add(core.Event{AggregateID: "a", Payload: []byte(`{}`), Headers: map[string]string{"k": "v"}})
-	c, _ := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, _ := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	e := c.Events()[0]
 	e.Headers["k"] = "changed"
 	e.Payload[0] = '['
 	_ = c.Release(ctx)
-	c, _ = s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, _ = s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if e := c.Events()[0]; e.Headers["k"] != "v" || string(e.Payload) != `{}` {
 		t.Fatalf("stored event changed through a claimed copy: %+v", e)
 	}

@@ -126,7 +126,7 @@ func assignIDs(ctx context.Context, t *testing.T, in Instance, evs []core.Event)
 
 func claim(ctx context.Context, t *testing.T, in Instance, limit int, unordered bool) core.Claim {
 	t.Helper()
-	c, err := in.Store().Claim(ctx, core.ClaimRequest{Limit: limit, Unordered: unordered})
+	c, err := in.Store().Claim(ctx, core.ClaimOptions{Limit: limit, Unordered: unordered})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -293,7 +293,7 @@ func testConcurrent(t *testing.T, in Instance, unordered bool) {
 				if finished {
 					return
 				}
-				c, err := in.Store().Claim(ctx, core.ClaimRequest{Limit: 7 + w, Unordered: unordered})
+				c, err := in.Store().Claim(ctx, core.ClaimOptions{Limit: 7 + w, Unordered: unordered})
 				if err != nil {
 					errs <- fmt.Errorf("claim: %w", err)
 					return

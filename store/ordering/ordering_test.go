@@ -176,12 +176,12 @@ func TestSecondClaimSkipsAnAggregateHeldByTheFirst(t *testing.T) {
 				VALUES (gen_random_uuid(), $1, 'x.1', '{}'), (gen_random_uuid(), $1, 'x.2', '{}'), (gen_random_uuid(), $2, 'y.1', '{}')`, x, y); err != nil {
 				t.Fatal(err)
 			}
-			first, err := st.Claim(ctx, core.ClaimRequest{Limit: 1, Unordered: unordered})
+			first, err := st.Claim(ctx, core.ClaimOptions{Limit: 1, Unordered: unordered})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer func() { _ = first.Release(ctx) }()
-			second, err := st.Claim(ctx, core.ClaimRequest{Limit: 10, Unordered: unordered})
+			second, err := st.Claim(ctx, core.ClaimOptions{Limit: 10, Unordered: unordered})
 			if err != nil {
 				t.Fatal(err)
 			}

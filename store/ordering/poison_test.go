@@ -193,7 +193,7 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 	}
 
 	heldNow := func() map[int64]store.StuckEvent {
-		list, err := st.Stuck(ctx, store.StuckQuery{})
+		list, err := st.Stuck(ctx, store.StuckOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,7 +264,7 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 	if len(heldNow()) != 0 {
 		t.Fatalf("Stuck still lists %+v", heldNow())
 	}
-	list, err := st.Stuck(ctx, store.StuckQuery{IncludeParked: true})
+	list, err := st.Stuck(ctx, store.StuckOptions{IncludeParked: true})
 	if err != nil || len(list) != 1 || list[0].Seq != bigIDs[1] || list[0].ParkedReason != "payload over the broker limit" {
 		t.Fatalf("Stuck with parked = %+v, %v", list, err)
 	}

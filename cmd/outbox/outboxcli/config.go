@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
@@ -40,6 +41,7 @@ type Config struct {
 	Retention   RetentionConfig   `koanf:"retention"`
 	Tracing     TracingConfig     `koanf:"tracing"`
 	Stuck       StuckConfig       `koanf:"stuck"`
+	Console     ConsoleConfig     `koanf:"console"`
 	CloudEvents CloudEventsConfig `koanf:"cloudevents"`
 }
 
@@ -103,6 +105,20 @@ type CloudEventsConfig struct {
 	Source  string `koanf:"source"` // the source attribute; required when enabled
 }
 
+// ConsoleConfig is the operator console and its API (package console),
+// served on http.listen by `outbox relay` when enabled, and by `outbox
+// console`. The credentials belong in the environment
+// (OUTBOX_CONSOLE_TOKEN, OUTBOX_CONSOLE_PASSWORD); they are never printed.
+type ConsoleConfig struct {
+	Enabled        bool          `koanf:"enabled"`
+	ReadOnly       bool          `koanf:"read_only"`
+	AnonymousReads bool          `koanf:"anonymous_reads"`
+	Token          string        `koanf:"token"`
+	Username       string        `koanf:"username"`
+	Password       string        `koanf:"password"`
+	LagSLO         time.Duration `koanf:"lag_slo"`
+}
+
 // StuckConfig sets when a pending event counts as stuck.
 type StuckConfig struct {
 	After time.Duration `koanf:"after"`
@@ -137,7 +153,8 @@ func Defaults() Config {
 			Enabled: true, Interval: 10 * time.Minute, Dispatched: cleanup.Dispatched,
 			Processed: cleanup.Processed, BatchSize: cleanup.BatchSize,
 		},
-		Stuck: StuckConfig{After: store.DefaultStuckAge},
+		Stuck:   StuckConfig{After: store.DefaultStuckAge},
+		Console: ConsoleConfig{LagSLO: console.DefaultLagSLO},
 	}
 }
 
@@ -228,8 +245,45 @@ func (c *Config) Validate() error {
 	if c.Stuck.After <= 0 {
 		bad("stuck.after", "must be positive")
 	}
+	errs = append(errs, c.Console.validate(c.Console.Enabled)...)
+	if c.Console.Enabled && c.HTTP.Listen == "" {
+		bad("console.enabled", "needs http.listen, the address the console is served on")
+	}
 	return errors.Join(errs...)
 }
+
+// validate checks the console section; checkAccess also when the console
+// is served by a command that needs no console.enabled.
+func (c ConsoleConfig) validate(checkAccess bool) []error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	if c.LagSLO <= 0 {
+		bad("console.lag_slo", "must be positive")
+	}
+	if !checkAccess {
+		return errs
+	}
+	// The lengths are checked, never the values, which stay out of errors.
+	if c.Token == "" && c.Username == "" && !c.AnonymousReads {
+		bad("console", "no credentials: set console.token (OUTBOX_CONSOLE_TOKEN) or console.username and console.password, "+
+			"or console.anonymous_reads for a console anyone on the network can read and no one can act in")
+	}
+	if c.Token != "" && len(c.Token) < consoleMinSecret {
+		bad("console.token", "is %d bytes; use at least %d random bytes", len(c.Token), consoleMinSecret)
+	}
+	if (c.Username == "") != (c.Password == "") {
+		bad("console.username", "and console.password go together")
+	}
+	if c.Password != "" && len(c.Password) < consoleMinSecret {
+		bad("console.password", "is %d bytes; use at least %d", len(c.Password), consoleMinSecret)
+	}
+	return errs
+}
+
+// consoleMinSecret is the shortest console token or password accepted.
+const consoleMinSecret = console.MinSecretBytes
 
 // StoreConfig converts the store section.
 func (c *Config) StoreConfig() store.Config {

@@ -115,6 +115,7 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Table + "_pending_agg"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_retrying"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_failed"}.Sanitize(),
 		pgx.Identifier{sc.ProcessedTable + "_at"}.Sanitize(),
 		pgx.Identifier{sc.Schema}.Sanitize(),
 		pgx.Identifier{role}.Sanitize(),

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
@@ -48,6 +49,8 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"store.max_claim_bytes", st.MaxClaimBytes, storeDefaults(t, d).MaxClaimBytes, true},
 		{"producer.max_payload_bytes", outbox.DefaultMaxPayloadBytes, d.Producer.MaxPayloadBytes, true},
 		{"stuck.after", store.DefaultStuckAge, d.Stuck.After, true},
+		{"console.lag_slo", console.DefaultLagSLO, d.Console.LagSLO, true},
+		{"console.enabled", false, d.Console.Enabled, true},
 	}
 	readme := readmeDefaults(t)
 	example := exampleValues(t)

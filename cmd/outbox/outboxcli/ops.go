@@ -26,7 +26,7 @@ func init() {
 const relayAppName = "outbox-relay"
 
 // withStore sets up the command's configuration and store and runs fn.
-func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *env, st *store.Store) error) error {
+func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *app, st *store.Store) error) error {
 	e, err := setup(cmd)
 	if err != nil {
 		return err
@@ -92,7 +92,7 @@ func statusCmd() *cobra.Command {
 		Short: "Show the backlog: pending events, oldest age, publish rate, stuck events, relay sessions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-status", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-status", func(ctx context.Context, e *app, st *store.Store) error {
 				s, err := st.Status(ctx, store.StatusOptions{StuckAfter: e.cfg.Stuck.After, RelayApplication: relayAppName})
 				if err != nil {
 					return err
@@ -201,7 +201,7 @@ func replayCmd() *cobra.Command {
 			if batch < 1 || batch > 100000 {
 				return usagef("--batch: %d is not between 1 and 100000", batch)
 			}
-			return withStore(cmd, "outbox-replay", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-replay", func(ctx context.Context, e *app, st *store.Store) error {
 				progress := func(n int64) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "replay: %d events so far\n", n)
 				}
@@ -263,7 +263,7 @@ func cleanupCmd() *cobra.Command {
 			"outbox, this command or a relay's scheduled one.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-cleanup", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-cleanup", func(ctx context.Context, e *app, st *store.Store) error {
 				rt := e.cfg.Retention
 				if !cmd.Flags().Changed("dispatched") {
 					dispatched = rt.Dispatched

@@ -49,7 +49,7 @@ func stuckCmd() *cobra.Command {
 		Short: "List events that have not gone out: old pending, held and (with --parked, --scheduled) parked and scheduled ones",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *app, st *store.Store) error {
 				if !cmd.Flags().Changed("older-than") {
 					olderThan = e.cfg.Stuck.After
 				}
@@ -59,7 +59,7 @@ func stuckCmd() *cobra.Command {
 				if limit < 1 || limit > store.MaxSelected {
 					return usagef("--limit: %d is not between 1 and %d", limit, store.MaxSelected)
 				}
-				events, err := st.Stuck(ctx, store.StuckQuery{OlderThan: olderThan, Limit: limit,
+				events, err := st.Stuck(ctx, store.StuckOptions{OlderThan: olderThan, Limit: limit,
 					IncludeParked: parked, IncludeScheduled: scheduled})
 				if err != nil {
 					return err
@@ -199,7 +199,7 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 			if use == "park" && strings.TrimSpace(reason) == "" {
 				return usagef("--reason is required: say why the events are set aside")
 			}
-			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *app, st *store.Store) error {
 				n, err := run(ctx, st, sel, reason)
 				if err != nil {
 					return err

@@ -22,7 +22,6 @@ import (
 
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
@@ -82,8 +81,7 @@ func TestReadyzFlipsWhenDatabaseUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A relay over memory, to have one making progress.
-	r, err := core.New(memstore.New(), okPublisher{}, core.Options{PollInterval: 5 * time.Millisecond})
+	r, err := core.New(st, okPublisher{}, core.Options{PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,44 +91,21 @@ func TestReadyzFlipsWhenDatabaseUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop(context.Background())
-	for r.LastProgress().IsZero() {
-		time.Sleep(time.Millisecond)
-	}
-	checks := []check{{"database", st.Ping}, {"relay", progressCheck(func() *core.Relay { return r }, time.Now(), time.Minute)}}
-	h := opsHandler(prometheus.NewRegistry(), checks, discardLogger())
+	h := opsHandler(prometheus.NewRegistry(), r.Ready, discardLogger())
 
-	if code, res := getReady(t, h); code != http.StatusOK {
+	if code, res := getReady(t, h); code != http.StatusOK || res["store"] != "ok" {
 		t.Fatalf("readyz = %d %v while everything is up", code, res)
 	}
 	proxy.Cut()
 	code, res := getReady(t, h)
-	if code != http.StatusServiceUnavailable || res["database"] == "ok" || res["relay"] != "ok" {
-		t.Errorf("readyz with the database cut = %d %v, want 503 naming the database", code, res)
+	if code != http.StatusServiceUnavailable || res["store"] == "ok" || res["progress"] != "ok" {
+		t.Errorf("readyz with the database cut = %d %v, want 503 naming the store", code, res)
 	}
 
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if rec.Code != http.StatusOK {
 		t.Errorf("healthz = %d, want 200 while the process runs", rec.Code)
-	}
-}
-
-func TestReadyzWantsRelayProgress(t *testing.T) {
-	var relay *core.Relay
-	fn := func() *core.Relay { return relay }
-	if err := progressCheck(fn, time.Now(), time.Minute)(context.Background()); err == nil {
-		t.Error("ready before the relay exists")
-	}
-	r, err := core.New(memstore.New(), okPublisher{}, core.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay = r // never started: no progress
-	if err := progressCheck(fn, time.Now(), time.Minute)(context.Background()); err != nil {
-		t.Errorf("not ready within the start-up grace: %v", err)
-	}
-	if err := progressCheck(fn, time.Now().Add(-2*time.Minute), time.Minute)(context.Background()); err == nil {
-		t.Error("ready although the relay made no progress for two minutes")
 	}
 }
 
@@ -142,7 +117,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	obs.Published(&core.Event{Type: "order.placed", CreatedAt: time.Now()}, time.Millisecond, nil)
 	rec := httptest.NewRecorder()
-	opsHandler(reg, nil, discardLogger()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	opsHandler(reg, func(context.Context) []core.Check { return nil }, discardLogger()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if want := `outbox_events_published_total{broker="stdout",outcome="ok",topic="order"} 1`; !strings.Contains(rec.Body.String(), want) {
 		t.Errorf("/metrics lacks %s:\n%s", want, rec.Body.String())
 	}
