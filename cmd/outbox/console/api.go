@@ -360,6 +360,11 @@ func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, e
 	if !valid {
 		return q, EventsQuery{}, badRequest("state: %q is not one of %s", q.State, states())
 	}
+	if q.AggregateID != "" {
+		if err := store.CheckKey(q.AggregateID); err != nil {
+			return q, EventsQuery{}, badRequest("aggregate: %v", err)
+		}
+	}
 	after, err := parseTime("created_after", v.Get("created_after"), now)
 	if err != nil {
 		return q, EventsQuery{}, err
