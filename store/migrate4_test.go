@@ -90,15 +90,7 @@ VALUES (coalesce($1::uuid, `+pgx.Identifier{cfg.Schema, "events_outbox_uuidv7"}.
 // duplicates get new uids and, when pending, are parked; nothing is lost.
 func TestMigration4UpgradesBadRows(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	cfg, err := store.Config{Schema: "test_m4_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
-	})
-	migrateTo(ctx, t, pool, cfg, 3)
+	pool, cfg := upgradeFrom(t, 3)
 	table := ident(cfg)
 	dup := uuid.NewString()
 	agg := uuid.NewString()
@@ -198,6 +190,22 @@ VALUES ($1, $2, $3, '{}', $4::jsonb, $5) RETURNING id`, uid, agg, r.typ, headers
 	if n, err := st.Park(ctx, store.Selector{Seqs: []int64{ids[3]}}, "bad type"); err != nil || n != 1 {
 		t.Fatalf("park a held bad row: %d, %v", n, err)
 	}
+}
+
+// upgradeFrom returns a schema of its own migrated up to version v, as an
+// older release left it.
+func upgradeFrom(t *testing.T, v int) (*pgxpool.Pool, store.Config) {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	cfg, err := store.Config{Schema: "test_m" + strconv.Itoa(v) + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
+	})
+	migrateTo(context.Background(), t, pool, cfg, v)
+	return pool, cfg
 }
 
 // migrateTo applies the migrations up to version v, as an older release

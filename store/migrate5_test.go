@@ -6,11 +6,9 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // Migration 5 renames uid to event_id and id to seq on a table that holds
@@ -19,15 +17,7 @@ import (
 // keep working on event_id.
 func TestMigration5RenamesIdentityColumns(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	cfg, err := store.Config{Schema: "test_m5_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
-	})
-	migrateTo(ctx, t, pool, cfg, 4)
+	pool, cfg := upgradeFrom(t, 4)
 	table := ident(cfg)
 	agg := uuid.NewString()
 	given := uuid.NewString()
