@@ -139,15 +139,7 @@ func TestWriteFunctionRefusesBadArguments(t *testing.T) {
 // columns start empty.
 func TestMigration7ConvertsKeys(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	cfg, err := store.Config{Schema: "test_m6_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
-	})
-	migrateTo(ctx, t, pool, cfg, 6)
+	pool, cfg := upgradeFrom(t, 6)
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	agg := "0190A7F4-8C3E-7B2A-9D41-5E6F7A8B9C0D" // uuid input is case-blind; its text is lowercase
 	for _, typ := range []string{"a.one", "a.two"} {
