@@ -51,7 +51,7 @@ func (l *LogWriter) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if err != nil {
 			return err
 		}
-		b, err := walrelay.EncodeMessage(walrelay.Message{ID: p.id, AggregateID: p.agg, Type: m.Type, Headers: p.headerMap, Payload: []byte(p.payload)})
+		b, err := walrelay.EncodeMessage(walrelay.Message{ID: p.id, AggregateID: m.AggregateID, Type: m.Type, Headers: p.headerMap, Payload: []byte(p.payload)})
 		if err != nil {
 			return &ValidationError{Index: i, Field: "payload", Msg: err.Error()}
 		}

@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"errors"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -12,6 +14,7 @@ const (
 	HeaderEventSeq    = "event_seq"    // the event's position in its outbox table
 	HeaderType        = "type"         // event type, such as "order.placed"
 	HeaderAggregateID = "aggregate_id" // ordering and partition key
+	HeaderContentType = "content-type" // the payload's media type; also in each broker's own place for it
 
 	// HeaderEventUID carries the event id too, under the name releases
 	// before migration 5 used, for consumers that still read it. Those
@@ -23,12 +26,31 @@ const (
 type Event struct {
 	Seq         int64             // position in the outbox table (column seq); increases in commit order per aggregate
 	ID          string            // identity unique across outboxes (column event_id, a UUID)
-	AggregateID string            // ordering key
+	AggregateID string            // ordering and partition key, any string
 	Type        string            // such as "order.placed"
-	Payload     []byte            // the JSON bytes exactly as written by the producer
+	Payload     []byte            // the bytes exactly as written by the producer
+	ContentType string            // the payload's media type; empty means application/json
+	Topic       string            // set by the producer; empty leaves the topic to the routing rules
 	Headers     map[string]string // the event's own headers (trace context among them)
 	CreatedAt   time.Time
 	Attempts    int // failed publish attempts so far
+}
+
+// ContentTypeJSON is the content type of an event that names none.
+const ContentTypeJSON = "application/json"
+
+// jsonType matches the media types whose payloads are JSON.
+var jsonType = regexp.MustCompile(`^(application/json|[^/]+/[^/]+\+json)$`)
+
+// IsJSON reports whether content type ct is JSON: empty (the default,
+// application/json), application/json, or any type ending in +json, with
+// or without parameters.
+func IsJSON(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, _ := strings.Cut(ct, ";")
+	return jsonType.MatchString(strings.ToLower(strings.TrimSpace(mt)))
 }
 
 // Store is where the relay finds committed events. Implementations must make

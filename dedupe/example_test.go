@@ -2,6 +2,7 @@ package dedupe_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
@@ -162,4 +164,25 @@ func ExampleEventID() {
 	// Output:
 	// 0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b <nil>
 	// true
+}
+
+// A handler on database/sql gets the same once-per-event guarantee with a
+// *sql.Tx: its writes and the dedupe record commit together.
+func ExampleNewSQL() {
+	db, err := sql.Open("pgx", "postgres://localhost/shop") // or lib/pq's "postgres"
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	d, err := dedupe.NewSQL(db, dedupe.Options{Consumer: "invoicing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var router *message.Router
+	var sub message.Subscriber
+	router.AddConsumerHandler("invoice", "order", sub, d.NoPublishHandler(
+		func(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, msg.Metadata.Get(core.HeaderAggregateID))
+			return err
+		}))
 }

@@ -75,44 +75,7 @@ func checkEventID(id string) error {
 // on its own: that publish is not atomic with the database, and a crash
 // between the two loses them. Writing the next event with outbox.Writer on
 // the transaction instead commits it together with the handler's effects.
-func (d *Deduper) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		ctx := msg.Context()
-		id, idErr := EventID(msg)
-		if _, ok := d.active(ctx, id); ok {
-			return h(msg) // an inner wrapper of the same Deduper
-		}
-		record := true
-		if idErr != nil {
-			d.log.ErrorContext(ctx, "message without event identity",
-				"message_uuid", msg.UUID,
-				"handler", message.HandlerNameFromCtx(ctx),
-				"topic", message.SubscribeTopicFromCtx(ctx),
-				"policy", d.opts.MissingID.String(),
-				"error", idErr)
-			if d.opts.MissingID == Reject {
-				return nil, fmt.Errorf("dedupe message %s: %w", msg.UUID, idErr)
-			}
-			record = false
-		}
-		var out []*message.Message
-		applied, err := d.run(ctx, id, record, func(txCtx context.Context, _ pgx.Tx) error {
-			msg.SetContext(txCtx)
-			defer msg.SetContext(ctx)
-			var err error
-			out, err = h(msg)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		if !applied {
-			d.log.DebugContext(ctx, "skipped duplicate event", "event_id", id, "message_uuid", msg.UUID)
-			return nil, nil
-		}
-		return out, nil
-	}
-}
+func (d *Deduper) Middleware(h message.HandlerFunc) message.HandlerFunc { return d.eng.middleware(h) }
 
 // TxHandlerFunc handles one message in the dedupe transaction.
 type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error)

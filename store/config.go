@@ -106,7 +106,10 @@ type names struct {
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
 	EventIDFunc, NotifyFunc                            string
-	HandoffView, HandoffIdx                            string // migration 9: the log relay's table path
+	KeyCheck, PayloadCheck, ContentTypeCheck           string // migration 7
+	TopicCheck, DeliverCheck, ReservedCheck            string
+	WriteFunc, ScheduleFunc, ScheduleTrigger           string
+	HandoffView, HandoffIdx                            string // migration 8: the log relay's table path
 	FailedIdx                                          string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
@@ -131,7 +134,17 @@ func (c Config) names() names {
 		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
 		HandoffIdx:     ident(c.Table + "_handoff_agg"),
 		FailedIdx:      ident(c.Table + "_failed"),
-		Channel:        c.NotifyChannel,
-		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
+
+		KeyCheck:         ident(c.Table + "_key_check"),
+		PayloadCheck:     ident(c.Table + "_payload_check"),
+		ContentTypeCheck: ident(c.Table + "_ctype_check"),
+		TopicCheck:       ident(c.Table + "_topic_check"),
+		DeliverCheck:     ident(c.Table + "_deliver_check"),
+		ReservedCheck:    ident(c.Table + "_reserved_check"),
+		WriteFunc:        ident(c.Schema, c.Table+"_write"),
+		ScheduleFunc:     ident(c.Schema, c.Table+"_schedule"),
+		ScheduleTrigger:  ident(c.Table + "_schedule"),
+		Channel:          c.NotifyChannel,
+		ChannelLiteral:   "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}
 }

@@ -28,8 +28,8 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stmts) != 13 {
-		t.Errorf("%d statements, want 13: %q", len(stmts), stmts)
+	if len(stmts) != 17 {
+		t.Errorf("%d statements, want 17: %q", len(stmts), stmts)
 	}
 	// With every correctly quoted name taken out, only keywords are left.
 	names := []string{
@@ -38,6 +38,10 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 		pgx.Identifier{evil, evil + "t_migrations"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_id_seq"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_uuidv7"}.Sanitize() + "()",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, bytea, jsonb, text, text, timestamptz, uuid)",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, text, jsonb, text, text, timestamptz, uuid)",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, json, jsonb, text, text, timestamptz, uuid)",
+		pgx.Identifier{evil, evil + "t_write"}.Sanitize() + "(text, text, jsonb, jsonb, text, text, timestamptz, uuid)",
 		pgx.Identifier{evil, "processed_events"}.Sanitize(),
 		pgx.Identifier{evil}.Sanitize(), `"p"`, `"c"`,
 	}
@@ -166,6 +170,18 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err != nil {
 		t.Fatalf("producer write: %v", err)
 	}
+	// The write function and the schedule trigger run under the
+	// producer's grants too; rolled back, so the counts below stay.
+	tx, err := f.producer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "SELECT "+pgx.Identifier{f.cfg.Schema, f.cfg.Table + "_write"}.Sanitize()+
+		"('k', 't.x', '\\x00'::bytea, content_type => 'application/octet-stream', deliver_at => now() + interval '1 hour')")
+	_ = tx.Rollback(ctx)
+	if err != nil {
+		t.Fatalf("producer calls the write function: %v", err)
+	}
 	_, err = f.producer.Exec(ctx, "SELECT payload FROM "+f.table())
 	mustDeny(t, "producer reads payloads", err)
 	_, err = f.producer.Exec(ctx, "UPDATE "+f.table()+" SET dispatched_at = now()")
@@ -215,8 +231,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		t.Errorf("relay processed retention delete: %v", err)
 	}
 	// The relay may insert: in relay.mode log it hands log-only events it
-	// cannot publish to the table (migration 9).
-	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, $1, 't', '{}', now())", uuid.NewString()); err != nil {
+	// cannot publish to the table (migration 8).
+	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, 'k', 't', '{}', now())", uuid.NewString()); err != nil {
 		t.Errorf("relay hands an event to the table: %v", err)
 	}
 	_, err = f.relay.Exec(ctx, "DROP TABLE "+f.table())

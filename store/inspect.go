@@ -48,7 +48,7 @@ type EventsOptions struct {
 	// StateStuck; default DefaultStuckAge.
 	StuckAfter    time.Duration
 	Type          string    // exact event type
-	AggregateID   string    // a UUID
+	AggregateID   string    // the aggregate key
 	CreatedAfter  time.Time // created at or after
 	CreatedBefore time.Time // created before
 	// Error matches events whose last error contains it, ignoring case.
@@ -177,11 +177,10 @@ func (q EventsOptions) filters(next int) ([]string, []any, error) {
 		conds = append(conds, "o.type = "+param(q.Type))
 	}
 	if q.AggregateID != "" {
-		agg, err := uuid.Parse(q.AggregateID)
-		if err != nil {
-			return nil, nil, fmt.Errorf("aggregate id %q is not a UUID", q.AggregateID)
+		if err := CheckKey(q.AggregateID); err != nil {
+			return nil, nil, fmt.Errorf("aggregate id %q %w", truncate(q.AggregateID, 64), err)
 		}
-		conds = append(conds, "o.aggregate_id = "+param(agg.String())+"::uuid")
+		conds = append(conds, "o.aggregate_id = "+param(q.AggregateID))
 	}
 	if !q.CreatedAfter.IsZero() && !q.CreatedBefore.IsZero() && !q.CreatedBefore.After(q.CreatedAfter) {
 		return nil, nil, errors.New("created-before is not after created-after")
@@ -291,8 +290,11 @@ const NeighbourWindow = 10000
 // neighbours.
 type EventDetail struct {
 	EventInfo
-	Payload []byte // the payload column's text, JSON as the producer wrote it
-	Headers []byte // the headers column's text, JSON; nil when NULL
+	// Payload is the payload as the producer wrote it: JSON, or the bytes
+	// of ContentType (empty for application/json).
+	Payload     []byte
+	ContentType string
+	Headers     []byte // the headers column's text, JSON; nil when NULL
 	// Before and After are the nearest events of the same aggregate, up to
 	// a few on each side, in seq order: every pending one and the others
 	// within NeighbourWindow rows.
@@ -322,19 +324,28 @@ func (s *Store) Event(ctx context.Context, seq int64, id string) (EventDetail, e
 		return EventDetail{}, fmt.Errorf("read event: seq %d is not a valid event position", seq)
 	}
 	var (
-		d       EventDetail
-		payload string
-		headers *string
+		d           EventDetail
+		payload     *string
+		payloadB    []byte
+		contentType *string
+		headers     *string
 	)
-	row := s.pool.QueryRow(ctx, `SELECT `+s.infoCols()+`, o.payload::text, o.headers::text FROM `+s.n.Outbox+` o WHERE `+cond, arg)
-	info, err := scanInfo(row, &payload, &headers)
+	row := s.pool.QueryRow(ctx, `SELECT `+s.infoCols()+`, o.payload::text, o.payload_bytes, o.content_type, o.headers::text FROM `+
+		s.n.Outbox+` o WHERE `+cond, arg)
+	info, err := scanInfo(row, &payload, &payloadB, &contentType, &headers)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return EventDetail{}, fmt.Errorf("read event %v: %w", arg, ErrEventNotFound)
 	}
 	if err != nil {
 		return EventDetail{}, fmt.Errorf("read event %v: %w", arg, err)
 	}
-	d.EventInfo, d.Payload = info, []byte(payload)
+	d.EventInfo, d.Payload = info, payloadB
+	if payload != nil {
+		d.Payload = []byte(*payload)
+	}
+	if contentType != nil {
+		d.ContentType = *contentType
+	}
 	if headers != nil {
 		d.Headers = []byte(*headers)
 	}
@@ -342,11 +353,11 @@ func (s *Store) Event(ctx context.Context, seq int64, id string) (EventDetail, e
 	// The nearest rows of the aggregate either side within the window,
 	// and its pending rows through their index; UNION drops the overlap.
 	sql := `SELECT ` + s.infoCols() + ` FROM ` + t + ` o WHERE o.seq IN (
-    (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq < $2 AND seq >= $2 - $3 ORDER BY seq DESC LIMIT $4)
-    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq > $2 AND seq <= $2 + $3 ORDER BY seq LIMIT $4)
-    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq < $2
+    (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1 AND seq < $2 AND seq >= $2 - $3 ORDER BY seq DESC LIMIT $4)
+    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1 AND seq > $2 AND seq <= $2 + $3 ORDER BY seq LIMIT $4)
+    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1 AND seq < $2
            AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY seq DESC LIMIT $4)
-    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1::uuid AND seq > $2
+    UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1 AND seq > $2
            AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT $4))
 ORDER BY o.seq`
 	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.Seq, NeighbourWindow, neighbours)

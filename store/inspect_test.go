@@ -124,7 +124,7 @@ func TestEventsByStateAndFilter(t *testing.T) {
 
 	for _, q := range []store.EventsOptions{
 		{State: "lost"}, {State: store.StatePending, Limit: store.MaxEventsLimit + 1},
-		{State: store.StatePending, AggregateID: "not-a-uuid"}, {State: store.StatePending, After: -1},
+		{State: store.StatePending, AggregateID: strings.Repeat("k", store.MaxKeyBytes+1)}, {State: store.StatePending, After: -1},
 		{State: store.StatePending, CreatedAfter: time.Now(), CreatedBefore: time.Now().Add(-time.Hour)},
 	} {
 		if _, err := f.st.Events(f.ctx, q); err == nil {

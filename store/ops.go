@@ -7,6 +7,14 @@ import (
 	"time"
 )
 
+// A pending event is scheduled while its deliver-at time is ahead and it
+// has not been tried: the claim leaves it alone as asked. Its age counts
+// from when it became due.
+const (
+	scheduledSQL = `(deliver_at IS NOT NULL AND deliver_at > now() AND attempts = 0)`
+	dueSQL       = `greatest(created_at, deliver_at)`
+)
+
 // Operations over the whole outbox: the queries behind `outbox status`,
 // `outbox replay` and `outbox cleanup`, and the gauges of the metrics
 // poller.
@@ -23,13 +31,18 @@ type StatusOptions struct {
 
 // Status is a snapshot of the outbox, read in one statement.
 type Status struct {
-	Pending  int64 // neither dispatched nor parked
+	Pending  int64 // neither dispatched nor parked; scheduled ones included
 	Retrying int64 // pending and backing off after a transient failure
 	Held     int64 // pending and held for an operator by a permanent failure
-	Parked   int64
-	Stuck    int64 // pending for longer than StuckAfter, or held
-	// OldestPending is when the oldest pending event was created (zero if
-	// none); OldestPendingAge is the database clock's now() minus it.
+	// Scheduled counts pending events whose deliver-at time is still to
+	// come: waiting as asked, neither stuck nor retrying.
+	Scheduled int64
+	Parked    int64
+	Stuck     int64 // due for longer than StuckAfter, or held
+	// OldestPending is when the oldest pending event became due (zero if
+	// none): its creation, or its deliver-at time when that is later.
+	// Events scheduled for later are left out. OldestPendingAge is the
+	// database clock's now() minus it.
 	OldestPending    time.Time
 	OldestPendingAge time.Duration
 	// DispatchedLastMinute counts events marked dispatched in the minute
@@ -63,16 +76,17 @@ func (s *Store) Status(ctx context.Context, opts StatusOptions) (Status, error) 
 	}
 	t := s.n.Outbox
 	sql := `
-SELECT p.pending, p.retrying, p.held, p.stuck, p.oldest,
+SELECT p.pending, p.retrying, p.held, p.scheduled, p.stuck, p.oldest,
        (SELECT count(*) FROM ` + t + ` WHERE dispatched_at IS NULL AND parked_at IS NOT NULL),
        (SELECT count(*) FROM ` + t + ` WHERE dispatched_at > now() - interval '1 minute'),
        now()
 FROM (
     SELECT count(*) AS pending,
-           count(*) FILTER (WHERE retry_at > now() AND retry_at < 'infinity') AS retrying,
+           count(*) FILTER (WHERE retry_at > now() AND retry_at < 'infinity' AND NOT ` + scheduledSQL + `) AS retrying,
            count(*) FILTER (WHERE retry_at = 'infinity') AS held,
-           count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity') AS stuck,
-           min(created_at) AS oldest
+           count(*) FILTER (WHERE ` + scheduledSQL + `) AS scheduled,
+           count(*) FILTER (WHERE ` + dueSQL + ` < now() - make_interval(secs => $1) OR retry_at = 'infinity') AS stuck,
+           min(` + dueSQL + `) FILTER (WHERE NOT ` + scheduledSQL + `) AS oldest
     FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL
 ) p`
@@ -81,7 +95,7 @@ FROM (
 		oldest *time.Time
 	)
 	if err := s.pool.QueryRow(ctx, sql, opts.StuckAfter.Seconds()).Scan(&st.Pending, &st.Retrying, &st.Held,
-		&st.Stuck, &oldest, &st.Parked, &st.DispatchedLastMinute, &st.Now); err != nil {
+		&st.Scheduled, &st.Stuck, &oldest, &st.Parked, &st.DispatchedLastMinute, &st.Now); err != nil {
 		return Status{}, fmt.Errorf("read outbox status: %w", err)
 	}
 	if oldest != nil {

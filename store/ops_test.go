@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -378,7 +379,7 @@ func TestReplaySelectors(t *testing.T) {
 			t.Errorf("%s (%s): %d, %v; want %d", c.name, c.sel, n, err, c.want)
 		}
 	}
-	for _, bad := range []store.Selector{{}, {FromSeq: 5, ToSeq: 2}, {AggregateID: "x"}, {FromSeq: -1},
+	for _, bad := range []store.Selector{{}, {FromSeq: 5, ToSeq: 2}, {AggregateID: strings.Repeat("k", store.MaxKeyBytes+1)}, {FromSeq: -1},
 		{CreatedAfter: now, CreatedBefore: now.Add(-time.Hour)}} {
 		if _, err := st.Replay(ctx, bad, store.ReplayOptions{}); err == nil {
 			t.Errorf("Replay(%+v) accepted a bad selector", bad)

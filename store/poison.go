@@ -33,6 +33,9 @@ type StuckOptions struct {
 	Limit     int // at most this many, oldest first; default 100, at most MaxSelected
 	// IncludeParked adds parked events, which are otherwise left out.
 	IncludeParked bool
+	// IncludeScheduled adds events waiting for their deliver-at time,
+	// which are otherwise left out: they are not stuck.
+	IncludeScheduled bool
 }
 
 // StuckEvent is one event that has not gone out.
@@ -59,11 +62,16 @@ type StuckEvent struct {
 	// WaitsFor is the earliest pending event of the same aggregate when
 	// that is not this one: the event to look at first. Zero otherwise.
 	WaitsFor int64
+	// DeliverAt is the producer's deliver-at time, zero if none;
+	// Scheduled says the event is still waiting for it (and is not
+	// stuck). In ordered mode it holds back its aggregate meanwhile.
+	DeliverAt time.Time
+	Scheduled bool
 }
 
 // Stuck lists events that have not gone out, oldest first: pending events
-// created before q.OlderThan ago, held events of any age and, when asked,
-// parked ones. It takes no locks and changes nothing.
+// due (created, or past their deliver-at time) before q.OlderThan ago, held
+// events of any age and, when asked, parked and scheduled ones. It takes no locks and changes nothing.
 func (s *Store) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error) {
 	switch {
 	case q.OlderThan < 0:
@@ -84,8 +92,12 @@ func (s *Store) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error)
 	// two counts use the (aggregate_id, id) index of the pending rows.
 	pending := `SELECT seq FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL
-      AND (created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity')
+      AND ((` + dueSQL + ` < now() - make_interval(secs => $1) AND NOT ` + scheduledSQL + `) OR retry_at = 'infinity')
     ORDER BY seq LIMIT $2`
+	if q.IncludeScheduled {
+		pending = `(` + pending + `) UNION ALL (SELECT seq FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL AND ` + scheduledSQL + ` ORDER BY seq LIMIT $2)`
+	}
 	if q.IncludeParked {
 		pending = `(` + pending + `) UNION ALL (SELECT seq FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NOT NULL ORDER BY seq LIMIT $2)`
@@ -100,7 +112,8 @@ SELECT o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.at
        CASE WHEN o.parked_at IS NULL THEN (
            SELECT min(e.seq) FROM ` + t + ` e
            WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
-             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END
+             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END,
+       o.deliver_at, o.parked_at IS NULL AND ` + scheduledSQL + `
 FROM ` + t + ` o
 WHERE o.seq IN (` + pending + `)
 ORDER BY o.seq
@@ -116,16 +129,20 @@ LIMIT $2`
 			e             StuckEvent
 			retry, parked pgtype.Timestamptz
 			waitsFor      *int64
+			deliverAt     *time.Time
 		)
 		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.CreatedAt, &e.Attempts,
-			&e.LastError, &retry, &parked, &e.ParkedReason, &e.HeldBack, &waitsFor); err != nil {
+			&e.LastError, &retry, &parked, &e.ParkedReason, &e.HeldBack, &waitsFor, &deliverAt, &e.Scheduled); err != nil {
 			return nil, fmt.Errorf("list stuck events: scan: %w", err)
 		}
 		switch {
 		case retry.Valid && retry.InfinityModifier == pgtype.Infinity:
 			e.Held = true
-		case retry.Valid && retry.InfinityModifier == pgtype.Finite:
+		case retry.Valid && retry.InfinityModifier == pgtype.Finite && !e.Scheduled:
 			e.RetryAt = retry.Time
+		}
+		if deliverAt != nil {
+			e.DeliverAt = *deliverAt
 		}
 		if parked.Valid {
 			e.ParkedAt = parked.Time
@@ -147,6 +164,7 @@ LIMIT $2`
 // after fixing what made them fail, such as a routing rule. It returns how
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
+	// A scheduled event not yet tried is waiting as asked, not failing.
 	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL")
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
@@ -176,12 +194,13 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 }
 
 // Unpark puts parked events back in the pending set with the same seq and
-// event_id, ready now. In ordered mode an unparked event again goes before the
+// event_id, ready now (or, when scheduled, at their deliver-at time). In ordered mode an unparked event again goes before the
 // later pending events of its aggregate; events of that aggregate published
 // while it was parked stay published, so consumers see it after them.
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
+	// A scheduled event goes back to waiting for its time.
 	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
-		"parked_at = NULL, parked_reason = NULL, retry_at = NULL")
+		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END")
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
 	}
@@ -193,7 +212,7 @@ func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
 // failed ones waiting (held or backing off), Park the pending ones, Unpark
 // the parked ones. Affected counts by the same conditions.
 var actionStates = map[Action]string{
-	ActionRetry:  "o.parked_at IS NULL AND o.retry_at IS NOT NULL",
+	ActionRetry:  "o.parked_at IS NULL AND o.retry_at IS NOT NULL AND o.attempts > 0",
 	ActionPark:   "o.parked_at IS NULL",
 	ActionUnpark: "o.parked_at IS NOT NULL",
 }

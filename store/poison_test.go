@@ -304,7 +304,7 @@ func TestOperatorInputErrors(t *testing.T) {
 		{"empty selector", func() error { _, err := f.st.Retry(f.ctx, store.Selector{}); return err }, "selector is empty"},
 		{"empty selector park", func() error { _, err := f.st.Park(f.ctx, store.Selector{}, "x"); return err }, "selector is empty"},
 		{"empty selector unpark", func() error { _, err := f.st.Unpark(f.ctx, store.Selector{}); return err }, "selector is empty"},
-		{"bad aggregate", func() error { _, err := f.st.Retry(f.ctx, store.Selector{AggregateID: "order-1"}); return err }, "not a UUID"},
+		{"bad aggregate", func() error { _, err := f.st.Retry(f.ctx, store.Selector{AggregateID: "order\x01"}); return err }, "control character"},
 		{"bad id", func() error { _, err := f.st.Retry(f.ctx, store.Selector{Seqs: []int64{0}}); return err }, "not a valid event position"},
 		{"too many ids", func() error {
 			_, err := f.st.Retry(f.ctx, store.Selector{Seqs: make([]int64, store.MaxSelected+1)})

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Selector names the events an operator command (replay, retry, park,
@@ -16,7 +14,7 @@ import (
 type Selector struct {
 	Seqs           []int64   // event positions (column seq); at most MaxSelected
 	FromSeq, ToSeq int64     // inclusive seq range; 0 leaves that end open
-	AggregateID    string    // a UUID
+	AggregateID    string    // the aggregate key, exactly as written
 	Type           string    // exact event type
 	CreatedAfter   time.Time // created at or after; zero leaves it open
 	CreatedBefore  time.Time // created before; zero leaves it open
@@ -110,11 +108,10 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 		conds = append(conds, col("seq")+" <= "+param(sel.ToSeq))
 	}
 	if sel.AggregateID != "" {
-		agg, err := uuid.Parse(sel.AggregateID)
-		if err != nil {
-			return "", nil, fmt.Errorf("selector: aggregate id %q is not a UUID", sel.AggregateID)
+		if err := CheckKey(sel.AggregateID); err != nil {
+			return "", nil, fmt.Errorf("selector: aggregate id %q %w", truncate(sel.AggregateID, 64), err)
 		}
-		conds = append(conds, col("aggregate_id")+" = "+param(agg.String())+"::uuid")
+		conds = append(conds, col("aggregate_id")+" = "+param(sel.AggregateID))
 	}
 	if sel.Type != "" {
 		conds = append(conds, col("type")+" = "+param(sel.Type))
@@ -135,7 +132,7 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 }
 
 // Validate reports what is wrong with sel (empty, a bad id or range, an
-// aggregate id that is not a UUID) without touching the database: the
+// aggregate id the table cannot hold) without touching the database: the
 // check Retry, Park, Unpark and Replay make first.
 func (sel Selector) Validate() error {
 	_, _, err := sel.where("", 1)

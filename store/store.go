@@ -50,8 +50,8 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	n := cfg.names()
 	// Candidates carry every column the relay needs, so no statement reads a
 	// row twice, and their size, so no oversized payload leaves the server.
-	cols := "seq, event_id::text AS event_id, aggregate_id, type, payload, headers, created_at, attempts," +
-		" octet_length(payload::text) + coalesce(octet_length(headers::text), 0) AS size"
+	cols := "seq, event_id::text AS event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, headers, created_at, attempts," +
+		" coalesce(octet_length(payload::text), octet_length(payload_bytes)) + coalesce(octet_length(headers::text), 0) AS size"
 	pending := `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
 	// The result sends a row's payload only when the row fits the event
 	// limit ($2) and the claim's running total of fitting rows stays within
@@ -63,7 +63,8 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	within := `(w.total <= $3 OR w.total = c.size)`
 	result := `c.seq, c.event_id, c.aggregate_id::text, c.type,
        CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload::text END,
-       c.headers::text, c.created_at, c.attempts, c.size, ` + within
+       CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload_bytes END,
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + within
 	running := `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
@@ -165,12 +166,15 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	var rejectedAggs map[string]bool
 	for rows.Next() {
 		var (
-			e              core.Event
-			headers        *string
-			size           int64
-			within, passes bool
+			e                  core.Event
+			bytes              []byte
+			contentType, topic *string
+			headers            *string
+			size               int64
+			within, passes     bool
 		)
-		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &headers, &e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
+		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &bytes, &contentType, &topic, &headers,
+			&e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
 			rows.Close()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
@@ -180,6 +184,16 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		if !passes || !within {
 			c.truncated = true
 			continue
+		}
+		// One of the two payload columns is set (the table checks it).
+		if e.Payload == nil {
+			e.Payload = bytes
+		}
+		if contentType != nil {
+			e.ContentType = *contentType
+		}
+		if topic != nil {
+			e.Topic = *topic
 		}
 		if !req.Unordered && rejectedAggs[e.AggregateID] {
 			c.truncated = true
@@ -212,8 +226,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 }
 
 // decode checks what the query could not: the parts of a row a broker
-// message is made of. The payload column is JSON, so PostgreSQL has already
-// checked it.
+// message is made of. A JSON payload is in a JSON column, so PostgreSQL has
+// already checked it; other payloads are bytes to pass on as they are.
 func (s *Store) decode(e *core.Event, headers *string, size int64) error {
 	if size > int64(s.cfg.MaxEventBytes) {
 		return fmt.Errorf("payload and headers are %d bytes, over the relay's limit of %d", size, s.cfg.MaxEventBytes)

@@ -31,7 +31,16 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() { brokers.RegisterConfig("amqp", New) }
+// CloudEventsBinding is the AMQP binding's: attributes as headers prefixed
+// cloudEvents_ (RabbitMQ maps 0-9-1 headers to AMQP 1.0 application
+// properties, where the binding puts them), datacontenttype in the
+// content-type property.
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "cloudEvents_"}
+
+func init() {
+	brokers.RegisterConfig("amqp", New)
+	brokers.RegisterCloudEventsBinding("amqp", CloudEventsBinding)
+}
 
 // Config configure the AMQP publisher; keys are those of the
 // brokers.amqp configuration section (environment: OUTBOX_BROKERS_AMQP_<KEY>).
@@ -245,11 +254,12 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	return &wm.Link{Publisher: t, Ping: t.ping, Abort: socks.Abort}, nil
 }
 
-// properties sets the standard AMQP properties consumers look at first.
+// properties sets the standard AMQP properties consumers look at first:
+// the content type goes in the content-type property, its native place.
 func properties(p amqp091.Publishing) amqp091.Publishing {
 	p.MessageId, _ = p.Headers[core.HeaderEventID].(string)
 	p.Type, _ = p.Headers[core.HeaderType].(string)
-	p.ContentType = "application/json"
+	p.ContentType, _ = p.Headers[core.HeaderContentType].(string)
 	return p
 }
 

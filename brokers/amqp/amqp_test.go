@@ -108,7 +108,7 @@ func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
 			if d.MessageId != h[core.HeaderEventID] {
 				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventID])
 			}
-			got = append(got, brokertest.Message{Headers: h, Body: d.Body})
+			got = append(got, brokertest.Message{Headers: h, ContentType: d.ContentType, Body: d.Body})
 		case <-timeout:
 			t.Fatalf("queue %s: %d messages, want %d", queue, len(got), n)
 		}
@@ -142,8 +142,9 @@ func TestConformance(t *testing.T) {
 				t.Fatal("publisher did not notice the connection drop")
 			}
 		},
-		NoKey:   true, // AMQP has no message key: the routing key is the topic
-		Timeout: 20 * time.Second,
+		NoKey:       true, // AMQP has no message key: the routing key is the topic
+		CloudEvents: amqp.CloudEventsBinding,
+		Timeout:     20 * time.Second,
 	})
 }
 

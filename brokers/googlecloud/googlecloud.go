@@ -34,7 +34,15 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() { brokers.RegisterConfig("googlecloud", New) }
+// CloudEventsBinding is the Google Cloud Pub/Sub binding's: attributes
+// prefixed ce-, datacontenttype in the Content-Type attribute (and in the
+// content-type attribute every event carries).
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "ce-", ContentType: "Content-Type"}
+
+func init() {
+	brokers.RegisterConfig("googlecloud", New)
+	brokers.RegisterCloudEventsBinding("googlecloud", CloudEventsBinding)
+}
 
 // Config configure the Pub/Sub publisher; keys are those of the
 // brokers.googlecloud configuration section (environment:

@@ -44,7 +44,7 @@ func read(t *testing.T, srv *pstest.Server, topic string, n int) []brokertest.Me
 		var got []brokertest.Message
 		for _, m := range srv.Messages() { // in publish order
 			if m.Topic == name {
-				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, Body: m.Data})
+				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, ContentType: m.Attributes[core.HeaderContentType], Body: m.Data})
 			}
 		}
 		if len(got) >= n {
@@ -70,9 +70,10 @@ func TestConformance(t *testing.T) {
 			}
 			return pub
 		},
-		Read:    func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, srv, topic, n) },
-		Stop:    func(t *testing.T, _ core.Publisher) { _ = srv.Close() },
-		Timeout: 20 * time.Second,
+		Read:        func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, srv, topic, n) },
+		Stop:        func(t *testing.T, _ core.Publisher) { _ = srv.Close() },
+		CloudEvents: googlecloud.CloudEventsBinding,
+		Timeout:     20 * time.Second,
 	})
 }
 

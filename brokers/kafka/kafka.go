@@ -23,7 +23,14 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() { brokers.RegisterConfig("kafka", New) }
+// CloudEventsBinding is the Kafka binding's: attributes as headers prefixed
+// ce_, datacontenttype in the content-type header.
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "ce_"}
+
+func init() {
+	brokers.RegisterConfig("kafka", New)
+	brokers.RegisterCloudEventsBinding("kafka", CloudEventsBinding)
+}
 
 // Config configure the Kafka publisher; keys are those of the
 // brokers.kafka configuration section (environment: OUTBOX_BROKERS_KAFKA_<KEY>).

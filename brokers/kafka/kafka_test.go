@@ -82,7 +82,7 @@ func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Messag
 			for _, kv := range r.Headers {
 				h[kv.Key] = string(kv.Value)
 			}
-			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, Body: r.Value})
+			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, ContentType: h[core.HeaderContentType], Body: r.Value})
 		})
 	}
 	return got[:n]
@@ -102,8 +102,9 @@ func TestConformance(t *testing.T) {
 		Read: func(t *testing.T, topic string, n int) []brokertest.Message {
 			return read(t, kf.ListenAddrs(), topic, n)
 		},
-		Stop:    func(t *testing.T, _ core.Publisher) { kf.Close() },
-		Timeout: 20 * time.Second,
+		Stop:        func(t *testing.T, _ core.Publisher) { kf.Close() },
+		CloudEvents: kafka.CloudEventsBinding,
+		Timeout:     20 * time.Second,
 	})
 }
 

@@ -69,7 +69,11 @@ func TestConformance(t *testing.T) {
 				for k, v := range l.Headers {
 					h[k] = v
 				}
-				got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, Body: l.Payload})
+				body := []byte(l.Payload)
+				if l.PayloadBase64 != nil {
+					body = l.PayloadBase64
+				}
+				got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
 			}
 			if len(got) < n {
 				t.Fatalf("topic %s: %d lines, want %d", topic, len(got), n)

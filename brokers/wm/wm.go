@@ -1,7 +1,7 @@
 // Package wm adapts any Watermill message.Publisher to core.Publisher: it
 // turns an outbox event into a Watermill message (UUID = the event id,
 // payload = the stored bytes, metadata = the event's headers plus the relay's
-// identity headers) and publishes it on the routed topic.
+// identity headers and the content type) and publishes it on the routed topic.
 //
 // New wraps one publisher as it is. Open wraps a broker connection that it
 // dials itself and replaces when it wedges or drops: the broker adapters
@@ -85,7 +85,16 @@ func Message(e *core.Event) *message.Message {
 	msg.Metadata.Set(core.HeaderEventSeq, strconv.FormatInt(e.Seq, 10))
 	msg.Metadata.Set(core.HeaderType, e.Type)
 	msg.Metadata.Set(core.HeaderAggregateID, e.AggregateID)
+	msg.Metadata.Set(core.HeaderContentType, ContentType(e))
 	return msg
+}
+
+// ContentType is e's content type, application/json when it has none.
+func ContentType(e *core.Event) string {
+	if e.ContentType == "" {
+		return core.ContentTypeJSON
+	}
+	return e.ContentType
 }
 
 // Publish implements core.Publisher. Watermill publishers do not all honour

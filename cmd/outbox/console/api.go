@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -111,11 +112,12 @@ type EventsQuery struct {
 // EventDetail is GET /api/v1/events/{id}: one event with its content.
 type EventDetail struct {
 	Event
-	// Payload is the payload as stored, JSON; PayloadHex replaces it in
-	// the unlikely case the column holds something else.
-	Payload    json.RawMessage `json:"payload,omitempty"`
-	PayloadHex string          `json:"payload_hex,omitempty"`
-	Headers    json.RawMessage `json:"headers"`
+	// Payload is a JSON payload as stored; PayloadHex holds any other
+	// (Protobuf, Avro, raw bytes), of ContentType.
+	Payload     json.RawMessage `json:"payload,omitempty"`
+	PayloadHex  string          `json:"payload_hex,omitempty"`
+	ContentType string          `json:"content_type"`
+	Headers     json.RawMessage `json:"headers"`
 	// Before and After are the nearest events of the same aggregate.
 	Before []Event `json:"before"`
 	After  []Event `json:"after"`
@@ -358,6 +360,11 @@ func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, e
 	if !valid {
 		return q, EventsQuery{}, badRequest("state: %q is not one of %s", q.State, states())
 	}
+	if q.AggregateID != "" {
+		if err := store.CheckKey(q.AggregateID); err != nil {
+			return q, EventsQuery{}, badRequest("aggregate: %v", err)
+		}
+	}
 	after, err := parseTime("created_after", v.Get("created_after"), now)
 	if err != nil {
 		return q, EventsQuery{}, err
@@ -454,7 +461,11 @@ func (c *Console) event(r *http.Request) (EventDetail, error) {
 	}
 	now := time.Now()
 	out := EventDetail{Event: toEvent(d.EventInfo, now), Before: []Event{}, After: []Event{}, Headers: json.RawMessage("null")}
-	if json.Valid(d.Payload) {
+	out.ContentType = d.ContentType
+	if out.ContentType == "" {
+		out.ContentType = core.ContentTypeJSON
+	}
+	if core.IsJSON(d.ContentType) && json.Valid(d.Payload) {
 		out.Payload = d.Payload
 	} else {
 		out.PayloadHex = hex.EncodeToString(d.Payload)

@@ -231,7 +231,7 @@ func TestAPIReads(t *testing.T) {
 		{"/api/v1/events?state=lost", "state"},
 		{"/api/v1/events?state=held&limit=5000", "limit"},
 		{"/api/v1/events?state=held&created_after=yesterday", "created_after"},
-		{"/api/v1/events?state=held&aggregate=x", "aggregate"},
+		{"/api/v1/events?state=held&aggregate=x%01", "aggregate"},
 		{"/api/v1/events/abc", "event"},
 		{"/api/v1/actions/retry", "selector is empty"},
 		{"/api/v1/actions/retry?seq=x", "seq"},

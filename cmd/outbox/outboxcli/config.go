@@ -29,20 +29,21 @@ import (
 // defaults, a YAML file (--config), environment variables and flags, each
 // overriding the one before.
 type Config struct {
-	DatabaseURL string          `koanf:"database_url"`
-	Store       store.Config    `koanf:"store"`
-	Broker      string          `koanf:"broker"`
-	Brokers     map[string]any  `koanf:"brokers"` // one section per broker, decoded by its adapter
-	Routing     brokers.Routing `koanf:"routing"`
-	Relay       RelayConfig     `koanf:"relay"`
-	Database    DatabaseConfig  `koanf:"database"`
-	Producer    ProducerConfig  `koanf:"producer"`
-	Log         LogConfig       `koanf:"log"`
-	HTTP        HTTPConfig      `koanf:"http"`
-	Retention   RetentionConfig `koanf:"retention"`
-	Tracing     TracingConfig   `koanf:"tracing"`
-	Stuck       StuckConfig     `koanf:"stuck"`
-	Console     ConsoleConfig   `koanf:"console"`
+	DatabaseURL string            `koanf:"database_url"`
+	Store       store.Config      `koanf:"store"`
+	Broker      string            `koanf:"broker"`
+	Brokers     map[string]any    `koanf:"brokers"` // one section per broker, decoded by its adapter
+	Routing     brokers.Routing   `koanf:"routing"`
+	Relay       RelayConfig       `koanf:"relay"`
+	Database    DatabaseConfig    `koanf:"database"`
+	Producer    ProducerConfig    `koanf:"producer"`
+	Log         LogConfig         `koanf:"log"`
+	HTTP        HTTPConfig        `koanf:"http"`
+	Retention   RetentionConfig   `koanf:"retention"`
+	Tracing     TracingConfig     `koanf:"tracing"`
+	Stuck       StuckConfig       `koanf:"stuck"`
+	Console     ConsoleConfig     `koanf:"console"`
+	CloudEvents CloudEventsConfig `koanf:"cloudevents"`
 }
 
 // RelayConfig tunes the relay (see core.Options).
@@ -114,6 +115,13 @@ type RetentionConfig struct {
 // TracingConfig turns on OpenTelemetry trace propagation.
 type TracingConfig struct {
 	Enabled bool `koanf:"enabled"`
+}
+
+// CloudEventsConfig turns on the CloudEvents binary-mode binding of the
+// broker (see brokers.CloudEvents).
+type CloudEventsConfig struct {
+	Enabled bool   `koanf:"enabled"`
+	Source  string `koanf:"source"` // the source attribute; required when enabled
 }
 
 // ConsoleConfig is the operator console and its API (package console),
@@ -200,6 +208,11 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Routing.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.CloudEvents.Enabled {
+		if err := (brokers.CloudEvents{Source: c.CloudEvents.Source}).Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	r := c.Relay
 	if r.BatchSize < 1 || r.BatchSize > core.MaxBatchSize {

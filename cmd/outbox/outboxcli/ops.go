@@ -72,6 +72,7 @@ type statusJSON struct {
 	StuckAfterSeconds    float64       `json:"stuck_after_seconds"`
 	Retrying             int64         `json:"retrying"`
 	Held                 int64         `json:"held"`
+	Scheduled            int64         `json:"scheduled"`
 	Parked               int64         `json:"parked"`
 	Replicas             []replicaJSON `json:"relay_sessions"`
 	At                   time.Time     `json:"at"`
@@ -98,7 +99,7 @@ func statusCmd() *cobra.Command {
 				}
 				out := statusJSON{Pending: s.Pending, OldestPendingSeconds: seconds(s.OldestPendingAge),
 					DispatchedLastMinute: s.DispatchedLastMinute, Stuck: s.Stuck, StuckAfterSeconds: seconds(e.cfg.Stuck.After),
-					Retrying: s.Retrying, Held: s.Held, Parked: s.Parked, Replicas: []replicaJSON{}, At: s.Now}
+					Retrying: s.Retrying, Held: s.Held, Scheduled: s.Scheduled, Parked: s.Parked, Replicas: []replicaJSON{}, At: s.Now}
 				if !s.OldestPending.IsZero() {
 					out.OldestPending = &s.OldestPending
 				}
@@ -125,14 +126,15 @@ func printStatus(w io.Writer, s statusJSON, stuckAfter time.Duration) error {
 	fmt.Fprintf(tw, "pending\t%d\n", s.Pending)
 	oldest := "-"
 	if s.OldestPending != nil {
-		oldest = fmt.Sprintf("%s (created %s)", human(time.Duration(s.OldestPendingSeconds*float64(time.Second))),
+		oldest = fmt.Sprintf("%s (due %s)", human(time.Duration(s.OldestPendingSeconds*float64(time.Second))),
 			s.OldestPending.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintf(tw, "oldest pending\t%s\n", oldest)
 	fmt.Fprintf(tw, "publish rate\t%d/min (%.1f/s over the last minute)\n", s.DispatchedLastMinute, float64(s.DispatchedLastMinute)/60)
-	fmt.Fprintf(tw, "stuck\t%d (pending over %s, or held)\n", s.Stuck, human(stuckAfter))
+	fmt.Fprintf(tw, "stuck\t%d (due and pending over %s, or held)\n", s.Stuck, human(stuckAfter))
 	fmt.Fprintf(tw, "retrying\t%d\n", s.Retrying)
 	fmt.Fprintf(tw, "held\t%d (failed permanently: see `outbox stuck`)\n", s.Held)
+	fmt.Fprintf(tw, "scheduled\t%d (waiting for their deliver-at time; not stuck)\n", s.Scheduled)
 	fmt.Fprintf(tw, "parked\t%d\n", s.Parked)
 	if len(s.Replicas) == 0 {
 		fmt.Fprintf(tw, "relay sessions\tnone connected\n")

@@ -33,6 +33,8 @@ type stuckJSON struct {
 	ParkedReason string     `json:"parked_reason,omitempty"`
 	HeldBack     int64      `json:"held_back"`
 	WaitsFor     int64      `json:"waits_for,omitempty"`
+	DeliverAt    *time.Time `json:"deliver_at,omitempty"`
+	Scheduled    bool       `json:"scheduled"`
 }
 
 func stuckCmd() *cobra.Command {
@@ -40,10 +42,11 @@ func stuckCmd() *cobra.Command {
 		olderThan      time.Duration
 		limit          int
 		parked, asJSON bool
+		scheduled      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "stuck",
-		Short: "List events that have not gone out: old pending, held and (with --parked) parked ones",
+		Short: "List events that have not gone out: old pending, held and (with --parked, --scheduled) parked and scheduled ones",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *app, st *store.Store) error {
@@ -56,7 +59,8 @@ func stuckCmd() *cobra.Command {
 				if limit < 1 || limit > store.MaxSelected {
 					return usagef("--limit: %d is not between 1 and %d", limit, store.MaxSelected)
 				}
-				events, err := st.Stuck(ctx, store.StuckOptions{OlderThan: olderThan, Limit: limit, IncludeParked: parked})
+				events, err := st.Stuck(ctx, store.StuckOptions{OlderThan: olderThan, Limit: limit,
+					IncludeParked: parked, IncludeScheduled: scheduled})
 				if err != nil {
 					return err
 				}
@@ -65,7 +69,11 @@ func stuckCmd() *cobra.Command {
 				for _, ev := range events {
 					j := stuckJSON{Seq: ev.Seq, ID: ev.ID, AggregateID: ev.AggregateID, Type: ev.Type, CreatedAt: ev.CreatedAt,
 						AgeSeconds: seconds(now.Sub(ev.CreatedAt)), Attempts: ev.Attempts, LastError: ev.LastError,
-						Held: ev.Held, ParkedReason: ev.ParkedReason, HeldBack: ev.HeldBack, WaitsFor: ev.WaitsFor}
+						Held: ev.Held, ParkedReason: ev.ParkedReason, HeldBack: ev.HeldBack, WaitsFor: ev.WaitsFor,
+						Scheduled: ev.Scheduled}
+					if !ev.DeliverAt.IsZero() {
+						j.DeliverAt = &ev.DeliverAt
+					}
 					if !ev.RetryAt.IsZero() {
 						j.RetryAt = &ev.RetryAt
 					}
@@ -105,6 +113,7 @@ func stuckCmd() *cobra.Command {
 	f.DurationVar(&olderThan, "older-than", 0, "list pending events older than this (default stuck.after)")
 	f.IntVar(&limit, "limit", 100, "at most this many, oldest first")
 	f.BoolVar(&parked, "parked", false, "include parked events")
+	f.BoolVar(&scheduled, "scheduled", false, "include events waiting for their deliver-at time")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -115,6 +124,8 @@ func stuckState(j stuckJSON) string {
 		return "parked: " + oneLine(j.ParkedReason, 40)
 	case j.Held:
 		return "held"
+	case j.Scheduled:
+		return "scheduled for " + j.DeliverAt.UTC().Format(time.RFC3339)
 	case j.RetryAt != nil:
 		return "retry at " + j.RetryAt.UTC().Format(time.RFC3339)
 	case j.WaitsFor != 0:
@@ -147,7 +158,7 @@ func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() e
 	for _, old := range []string{"id", "from-id", "to-id"} {
 		_ = f.MarkDeprecated(old, "use --"+strings.Replace(old, "id", "seq", 1))
 	}
-	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
+	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate key, exactly as written")
 	f.StringVar(&sel.Type, "type", "", "exact event type")
 	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")
 	f.StringVar(&before, "created-before", "", "created before: RFC 3339 time or a duration ago")

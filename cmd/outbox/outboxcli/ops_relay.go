@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
@@ -18,7 +19,16 @@ import (
 
 func init() {
 	relayHooks = append(relayHooks, startRetention)
-	publisherWraps = append(publisherWraps, wrapTracing)
+	publisherWraps = append(publisherWraps, wrapCloudEvents, wrapTracing)
+}
+
+// wrapCloudEvents adds the CloudEvents attributes, in the broker's binding,
+// when cloudevents.enabled is set.
+func wrapCloudEvents(_ context.Context, e *app, pub core.Publisher) (core.Publisher, error) {
+	if !e.cfg.CloudEvents.Enabled {
+		return pub, nil
+	}
+	return brokers.WithCloudEvents(pub, brokers.CloudEvents{Source: e.cfg.CloudEvents.Source}, brokers.CloudEventsBindingFor(e.cfg.Broker))
 }
 
 // wrapTracing adds the relay's publish span when tracing.enabled is set.

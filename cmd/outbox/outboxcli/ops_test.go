@@ -188,7 +188,7 @@ func TestStatusCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pending", "oldest pending", "publish rate", "stuck", "2 (pending over 5m0s, or held)"} {
+	for _, want := range []string{"pending", "oldest pending", "publish rate", "stuck", "2 (due and pending over 5m0s, or held)", "scheduled"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}

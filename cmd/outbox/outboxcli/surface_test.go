@@ -211,7 +211,7 @@ func TestExitCodes(t *testing.T) {
 		{"unknown key", map[string]string{"OUTBOX_RELAY_BATCHSIZE": "3"}, []string{"status", "--schema", s}, ExitUsage},
 		{"bad database url", map[string]string{"DATABASE_URL": "postgres://db.example:port/x"}, []string{"status"}, ExitUsage},
 		{"empty selector", nil, []string{"retry", "--schema", s}, ExitUsage},
-		{"bad aggregate", nil, []string{"unpark", "--aggregate", "nope", "--schema", s}, ExitUsage},
+		{"bad aggregate", nil, []string{"unpark", "--aggregate", strings.Repeat("k", 256), "--schema", s}, ExitUsage},
 		{"park without reason", nil, []string{"park", "--type", "x", "--schema", s}, ExitUsage},
 		{"bad time", nil, []string{"replay", "--created-after", "yesterday", "--schema", s}, ExitUsage},
 		{"bad batch", nil, []string{"cleanup", "--batch", "0", "--schema", s}, ExitUsage},

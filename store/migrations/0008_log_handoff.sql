@@ -7,7 +7,11 @@ ALTER TABLE {{.Outbox}} ADD COLUMN handoff_at TIMESTAMPTZ;
 
 -- The rows the table path of log mode claims: the view keeps the table's
 -- columns, so the ordinary claim, mark and gate run on it unchanged, and
--- it is updatable, so they lock and update the table's rows.
+-- it is updatable, so they lock and update the table's rows. SELECT *
+-- is expanded when the view is created: it has the columns of migration 7
+-- (payload_bytes, content_type, topic, deliver_at). A later migration that
+-- adds, drops or retypes a column of the table must drop and recreate
+-- this view, or the table path would not see the change.
 CREATE VIEW {{.HandoffView}} AS
     SELECT * FROM {{.Outbox}} WHERE handoff_at IS NOT NULL;
 
