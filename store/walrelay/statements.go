@@ -16,7 +16,7 @@ import (
 // statements are the relay's writes to the outbox table.
 type statements struct {
 	markDone   string // published rows, dispatched
-	visible    string // which of some rows this session sees
+	dispatched string // which of some rows this session sees dispatched
 	diverted   string // aggregates with pending handed-off rows
 	pendingAgg string // whether one aggregate has some
 	handRow    string // a row of the table to the table path: pending, or held with a reason
@@ -29,7 +29,7 @@ func newStatements(cfg store.Config) statements {
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return statements{
 		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
-		visible:    `SELECT seq FROM ` + t + ` WHERE seq = ANY($1)`,
+		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
 		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
 		// Held rows get the table relay's marks of a permanent failure.
@@ -56,10 +56,11 @@ ON CONFLICT (event_id) DO NOTHING`,
 // mark marks the rows seqs dispatched. The stream can deliver a commit a
 // moment before the transaction is visible to other sessions (its commit
 // record is written before it leaves the proc array), so a row the
-// update misses is looked for and, while not visible, marked again after
-// a short wait; a row visible but not updated was dispatched already (a
-// replay). A row still invisible after about 5s is gone (retention
-// deleted it after an earlier dispatch) and counts as done.
+// update misses is looked for: one seen dispatched was dispatched already
+// (a replay); any other is marked again after a short wait, since it may
+// have become visible only after the update's snapshot. A row not found
+// dispatched after about 5s is gone (retention deleted it after an
+// earlier dispatch) and counts as done.
 func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, seqs []int64) (missing int, err error) {
 	pending := seqs
 	for attempt := 0; ; attempt++ {
@@ -75,7 +76,7 @@ func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, seqs []int64) 
 			return 0, nil
 		}
 		pending = without(pending, done)
-		rows, err = pool.Query(ctx, q.visible, pending)
+		rows, err = pool.Query(ctx, q.dispatched, pending)
 		if err != nil {
 			return 0, err
 		}
@@ -133,7 +134,7 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 				return nil
 			}
 			var seen bool
-			if err := pool.QueryRow(ctx, `SELECT EXISTS (`+q.visible+`)`, []int64{it.ev.Seq}).Scan(&seen); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (`+q.dispatched+`)`, []int64{it.ev.Seq}).Scan(&seen); err != nil {
 				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 			}
 			if seen {
