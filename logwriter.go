@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/outboxhq/outbox/store/walrelay"
@@ -13,8 +14,11 @@ import (
 // the transaction, and the log relay (relay.mode log) reads it from its
 // replication slot in commit order. The server needs wal_level=logical.
 //
-// Messages are checked as Writer checks them; the encoding is
-// walrelay.EncodeMessage's. LogWriter is safe for concurrent use.
+// Messages are checked as Writer checks them, and carry the same fields
+// (any key, a content type with bytes payloads, a topic, a deliver-at
+// time); the encoding is walrelay.EncodeMessage's. A scheduled event is
+// handed by the relay to the table when it reads it, and published from
+// there when due. LogWriter is safe for concurrent use.
 type LogWriter struct {
 	w      *Writer
 	prefix string
@@ -51,8 +55,19 @@ func (l *LogWriter) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if err != nil {
 			return err
 		}
-		b, err := walrelay.EncodeMessage(walrelay.Message{ID: p.id, AggregateID: m.AggregateID, Type: m.Type, Headers: p.headerMap, Payload: []byte(p.payload)})
+		payload := p.bytes
+		if payload == nil {
+			payload = []byte(p.payload)
+		}
+		b, err := walrelay.EncodeMessage(walrelay.Message{
+			ID: p.id, AggregateID: m.AggregateID, Type: m.Type, ContentType: m.ContentType, Topic: m.Topic,
+			DeliverAt: m.DeliverAt, Headers: p.headerMap, Payload: payload,
+		})
 		if err != nil {
+			var ee *walrelay.EncodeError
+			if errors.As(err, &ee) {
+				return &ValidationError{Index: i, Field: ee.Field, Msg: ee.Msg}
+			}
 			return &ValidationError{Index: i, Field: "payload", Msg: err.Error()}
 		}
 		contents[i] = string(b)

@@ -200,6 +200,17 @@ func TestManyEventsInOneStatement(t *testing.T) {
 
 func TestValidationErrors(t *testing.T) {
 	w := newWriter(t, outbox.WriterOptions{MaxPayloadBytes: 64})
+	lw, err := outbox.NewLogWriter(outbox.WriterOptions{MaxPayloadBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writers := []struct {
+		name  string
+		write func(tx outbox.DBTX, msgs ...outbox.Message) error
+	}{
+		{"Writer", func(tx outbox.DBTX, msgs ...outbox.Message) error { return w.Write(context.Background(), tx, msgs...) }},
+		{"LogWriter", func(tx outbox.DBTX, msgs ...outbox.Message) error { return lw.Write(context.Background(), tx, msgs...) }},
+	}
 	ok := outbox.Message{AggregateID: orderID, Type: "order.placed", Payload: []byte(`{}`)}
 	with := func(f func(m *outbox.Message)) outbox.Message { m := ok; f(&m); return m }
 	for _, tc := range []struct {
@@ -241,23 +252,36 @@ func TestValidationErrors(t *testing.T) {
 		{"NUL in header", with(func(m *outbox.Message) { m.Headers = map[string]string{"k": "a\x00b"} }), "headers"},
 		{"id not a uuid", with(func(m *outbox.Message) { m.ID = "abc" }), "id"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ec := &execCounter{}
-			err := w.Write(context.Background(), ec, ok, tc.msg)
-			var verr *outbox.ValidationError
-			if !errors.As(err, &verr) {
-				t.Fatalf("error %v, want a *ValidationError", err)
-			}
-			if verr.Field != tc.field || verr.Index != 1 {
-				t.Fatalf("error names message %d field %q, want message 1 field %q (%v)", verr.Index, verr.Field, tc.field, err)
-			}
-			if !strings.Contains(err.Error(), tc.field) {
-				t.Fatalf("message %q does not name %s", err, tc.field)
-			}
-			if ec.calls != 0 {
-				t.Fatal("an invalid Write reached the database")
-			}
-		})
+		// The log-only writer refuses exactly what the row writer does.
+		for _, wr := range writers {
+			t.Run(wr.name+"/"+tc.name, func(t *testing.T) {
+				ec := &execCounter{}
+				err := wr.write(ec, ok, tc.msg)
+				var verr *outbox.ValidationError
+				if !errors.As(err, &verr) {
+					t.Fatalf("error %v, want a *ValidationError", err)
+				}
+				if verr.Field != tc.field || verr.Index != 1 {
+					t.Fatalf("error names message %d field %q, want message 1 field %q (%v)", verr.Index, verr.Field, tc.field, err)
+				}
+				if !strings.Contains(err.Error(), tc.field) {
+					t.Fatalf("message %q does not name %s", err, tc.field)
+				}
+				if ec.calls != 0 {
+					t.Fatal("an invalid Write reached the database")
+				}
+			})
+		}
+	}
+	// What only the log message format cannot carry: a deliver-at time
+	// beyond RFC 3339's four-digit years, which a row holds.
+	far := with(func(m *outbox.Message) { m.DeliverAt = time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC) })
+	if err := w.Write(context.Background(), &execCounter{}, far); err != nil {
+		t.Fatalf("row writer refused a deliver_at in year 12000: %v", err)
+	}
+	var verr *outbox.ValidationError
+	if err := lw.Write(context.Background(), &execCounter{}, far); !errors.As(err, &verr) || verr.Field != "deliver_at" {
+		t.Fatalf("log writer: %v, want a ValidationError naming deliver_at", err)
 	}
 	if _, err := outbox.NewWriter(outbox.WriterOptions{MaxPayloadBytes: -1}); err == nil || !strings.Contains(err.Error(), "MaxPayloadBytes") {
 		t.Fatalf("negative MaxPayloadBytes: %v", err)

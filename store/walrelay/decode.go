@@ -1,12 +1,12 @@
 package walrelay
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -14,8 +14,6 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
-
-var types = pgtype.NewMap()
 
 // decodeRow turns an inserted row into an item. Columns are found by
 // name, and read as text, so the decoding does not depend on their types
@@ -60,10 +58,30 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commi
 	e.ID = str("event_id")
 	e.AggregateID = str("aggregate_id")
 	e.Type = str("type")
-	payload := str("payload")
+	// One of the two payload columns is set (the table checks it): JSON
+	// in payload, any other content type's bytes in payload_bytes.
+	var payload []byte
+	if v := col["payload"]; v != nil {
+		payload = []byte(*v)
+	} else if v := col["payload_bytes"]; v != nil {
+		// Hex, as the session asks (bytea_output); an empty payload is
+		// a payload, not nil.
+		b, ok := strings.CutPrefix(*v, `\x`)
+		payload = make([]byte, hex.DecodedLen(len(b)))
+		if _, err := hex.Decode(payload, []byte(b)); !ok || err != nil {
+			bad = append(bad, "payload_bytes is not in bytea's hex format")
+		}
+	} else {
+		bad = append(bad, "payload and payload_bytes are missing")
+	}
+	if v := col["content_type"]; v != nil {
+		e.ContentType = *v
+	}
+	if v := col["topic"]; v != nil {
+		e.Topic = *v
+	}
 	if v := col["created_at"]; v != nil {
-		var t time.Time
-		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, []byte(*v), &t); err == nil {
+		if t, ok := timestamp(*v); ok {
 			e.CreatedAt = t
 		}
 	}
@@ -75,12 +93,27 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commi
 	if headers != nil {
 		it.size += int64(len(*headers))
 	}
-	if col["retry_at"] != nil {
-		// Inserted to wait (held, or retried later): the table path
-		// decides when.
-		it.wait = true
-		return it, false
+	var deliverAt time.Time
+	if v := col["deliver_at"]; v != nil {
+		t, ok := timestamp(*v)
+		if !ok {
+			// Never publish a scheduled event early: the table path
+			// reads the column itself.
+			it.wait = true
+			return it, false
+		}
+		deliverAt = t
 	}
+	if v := col["retry_at"]; v != nil {
+		// A scheduled row (migration 7's trigger copies deliver_at into
+		// retry_at) is the log relay's to publish once due; any other
+		// row inserted to wait (held, or retried later) the table path's.
+		if t, ok := timestamp(*v); !ok || deliverAt.IsZero() || !t.Equal(deliverAt) || e.Attempts > 0 {
+			it.wait = true
+			return it, false
+		}
+	}
+	it.deliverAt = deliverAt
 	switch {
 	case len(bad) > 0:
 		it.bad = fmt.Errorf("row %d: %s", e.Seq, strings.Join(bad, ", "))
@@ -90,9 +123,18 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commi
 		it.bad = checkEvent(e, headers)
 	}
 	if it.bad == nil {
-		e.Payload = []byte(payload)
+		e.Payload = payload
 	}
 	return it, false
+}
+
+// timestamp reads a timestamptz column as the stream sends it (text).
+func timestamp(v string) (time.Time, bool) {
+	var t pgtype.Timestamptz
+	if err := t.Scan(v); err != nil || t.InfinityModifier != pgtype.Finite {
+		return time.Time{}, false
+	}
+	return t.Time, true
 }
 
 // checkEvent applies the table relay's checks of what a broker message is
@@ -123,24 +165,14 @@ func decodeMessage(m *pglogrepl.LogicalDecodingMessage, commit time.Time, cfg st
 	it.ev.Seq = int64(m.LSN)
 	it.ev.CreatedAt = commit
 	msg, err := DecodeMessage(content)
-	if err != nil {
-		it.bad = err
-		return it
-	}
 	it.ev.ID, it.ev.AggregateID, it.ev.Type, it.ev.Headers = msg.ID, msg.AggregateID, msg.Type, msg.Headers
+	it.ev.ContentType, it.ev.Topic, it.deliverAt = msg.ContentType, msg.Topic, msg.DeliverAt
 	switch {
-	case !utf8.Valid(msg.Payload):
-		it.bad = fmt.Errorf("payload is not valid UTF-8")
+	case err != nil:
+		it.bad = err
 	case len(content) > cfg.MaxEventBytes:
 		it.bad = fmt.Errorf("event message is %d bytes, over the relay's limit of %d", len(content), cfg.MaxEventBytes)
 	default:
-		for k := range msg.Headers {
-			if k == "" {
-				it.bad = fmt.Errorf("headers have an empty name")
-			}
-		}
-	}
-	if it.bad == nil {
 		it.ev.Payload = msg.Payload
 	}
 	return it

@@ -124,7 +124,8 @@ func oracle(t *testing.T, e *env) func() []string {
 		}
 		var ids []string
 		for _, l := range lines {
-			if m := re.FindStringSubmatch(l); m != nil && strings.Contains(l, e.cfg.Table+": INSERT") {
+			// The slot sees the whole database: other tests' outboxes too.
+			if m := re.FindStringSubmatch(l); m != nil && strings.HasPrefix(l, "table "+e.cfg.Schema+"."+e.cfg.Table+": INSERT") {
 				ids = append(ids, m[1])
 			}
 		}

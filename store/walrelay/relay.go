@@ -158,7 +158,7 @@ func (o Options) WithDefaults() (Options, error) {
 // HandoffConfig is the store configuration of the table path of log
 // mode: a store.Store (and a core.Relay over it) built with it claims
 // only the rows the log relay handed over, through the handoff view of
-// migration 9, and never the rows the log relay publishes itself.
+// migration 8, and never the rows the log relay publishes itself.
 func HandoffConfig(cfg store.Config) (store.Config, error) {
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
@@ -284,7 +284,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // session reads the slot over one replication connection until the
 // connection fails or ctx is done. streamed says it held the slot.
 func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
-	params := map[string]string{"application_name": r.opts.ApplicationName}
+	// The decoding reads values as text: in the formats it parses,
+	// whatever the role's or database's settings.
+	params := map[string]string{"application_name": r.opts.ApplicationName, "bytea_output": "hex", "DateStyle": "ISO"}
 	if r.opts.WALSenderTimeout > 0 {
 		params["wal_sender_timeout"] = fmt.Sprintf("%dms", r.opts.WALSenderTimeout.Milliseconds())
 	}
@@ -423,7 +425,10 @@ type item struct {
 	size int64 // payload and header bytes
 	bad  error // cannot be relayed: held in the table
 	wait bool  // inserted to wait (retry_at set): the table path's
-	raw  []byte
+	// deliverAt, when in the future, is when a scheduled event is due;
+	// until then it is the table path's too.
+	deliverAt time.Time
+	raw       []byte
 }
 
 func (s *stream) run(ctx context.Context) error {
@@ -662,7 +667,10 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 	if !ok {
 		return false
 	}
-	if div || it.wait {
+	if div || it.wait || it.deliverAt.After(time.Now()) {
+		// Behind a handed-over event of its aggregate, waiting, or
+		// scheduled: the table path publishes it when due, and the
+		// aggregate's later events follow it there.
 		return s.hold(ctx, it, nil, false)
 	}
 	for attempt := 0; ; attempt++ {
@@ -696,8 +704,9 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 }
 
 // hold hands it to the table: held with reason when reason is set (the
-// event cannot be published), else pending behind its aggregate's held
-// event. Later events of its aggregate follow it there.
+// event cannot be published), else pending (behind its aggregate's held
+// event, or scheduled until its deliver_at). Later events of its
+// aggregate follow it there.
 func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool) bool {
 	if reason != nil {
 		if rejected {

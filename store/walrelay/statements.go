@@ -32,22 +32,29 @@ func newStatements(cfg store.Config) statements {
 		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
 		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
-		// Held rows get the table relay's marks of a permanent failure.
+		// Held rows get the table relay's marks of a permanent failure;
+		// a pending row keeps its retry_at, or waits for its deliver_at
+		// (a row written without migration 7's trigger).
 		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
     attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
     last_error = COALESCE($2, last_error),
-    retry_at = CASE WHEN $2::text IS NULL THEN retry_at ELSE 'infinity' END,
+    retry_at = CASE WHEN $2::text IS NULL THEN COALESCE(retry_at, deliver_at) ELSE 'infinity' END,
     failed_at = CASE WHEN $2::text IS NULL THEN failed_at ELSE now() END
 WHERE seq = $1 AND dispatched_at IS NULL`,
 		// ON CONFLICT: a relay that crashed after the insert and before
-		// confirming reads the event again.
-		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, headers, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
-VALUES ($1, $2, $3, $4::text::json, $5::text::jsonb, $6, now(),
-    CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, $7, CASE WHEN $7::text IS NULL THEN NULL ELSE 'infinity'::timestamptz END,
-    CASE WHEN $7::text IS NULL THEN NULL ELSE now() END)
+		// confirming reads the event again. A pending event waits for its
+		// deliver_at, as the table's trigger would have it.
+		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, deliver_at,
+    headers, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
+VALUES ($1, $2, $3, $4::text::json, $5, $6, $7, $8, $9::text::jsonb, $10, now(),
+    CASE WHEN $11::text IS NULL THEN 0 ELSE 1 END, $11, CASE WHEN $11::text IS NULL THEN $8 ELSE 'infinity'::timestamptz END,
+    CASE WHEN $11::text IS NULL THEN NULL ELSE now() END)
 ON CONFLICT (event_id) DO NOTHING`,
+		// Under its own aggregate when the message names a valid one, so
+		// the aggregate's later events follow it as they follow a poison
+		// event.
 		insertBad: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
-VALUES (COALESCE($1::uuid, gen_random_uuid()), '00000000-0000-0000-0000-000000000000', 'outbox.unreadable',
+VALUES (COALESCE($1::uuid, gen_random_uuid()), COALESCE($5, '00000000-0000-0000-0000-000000000000'), 'outbox.unreadable',
     json_build_object('message', $2::text), $3, now(), 1, $4, 'infinity', now())
 ON CONFLICT (event_id) DO NOTHING`,
 	}
@@ -152,11 +159,24 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 			s := string(b)
 			headers = &s
 		}
-		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, string(it.ev.Payload), headers, it.ev.CreatedAt, why)
+		var payload *string
+		var payloadBytes []byte
+		if store.IsJSON(it.ev.ContentType) {
+			p := string(it.ev.Payload)
+			payload = &p
+		} else {
+			payloadBytes = it.ev.Payload
+		}
+		var deliverAt *time.Time
+		if !it.deliverAt.IsZero() {
+			deliverAt = &it.deliverAt
+		}
+		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
+			nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why)
 		var pgErr *pgconn.PgError
-		// Data the table's columns or checks refuse (an aggregate_id that
-		// is not a UUID in a uuid column): held as unreadable instead, so
-		// the stream never stops on it.
+		// Data the table's columns or checks refuse, which DecodeMessage
+		// let through: held as unreadable instead, so the stream never
+		// stops on it.
 		if !errors.As(err, &pgErr) || (pgErr.Code[:2] != "22" && pgErr.Code != "23514") {
 			if err != nil {
 				return fmt.Errorf("insert event %s into the table: %w", it.ev.ID, err)
@@ -173,17 +193,29 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 	if it.ev.ID != "" {
 		id = &it.ev.ID
 	}
+	var agg *string
+	if store.CheckKey(it.ev.AggregateID) == nil {
+		agg = &it.ev.AggregateID
+	}
 	why2 := truncate(reason.Error(), 2000)
-	_, err := pool.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2)
+	_, err := pool.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2, agg)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && id != nil {
 		// The event_id itself is not a UUID: give the row a new one.
-		_, err = pool.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")")
+		_, err = pool.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")", agg)
 	}
 	if err != nil {
 		return fmt.Errorf("insert unreadable event message into the table: %w", err)
 	}
 	return nil
+}
+
+// nullable is s, or NULL when empty.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
