@@ -87,13 +87,14 @@ func TestRelaysProducerFields(t *testing.T) {
 			e.writeMsgs(fl.table, want[:2]...)
 			e.writeMsgs(fl.table, want[2:]...)
 
-			// A producer in another language, in SQL.
+			// A producer in another language, in SQL, with a deliver-at
+			// time in PostgreSQL's own JSON form.
 			big := bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef}, 40) // base64 over 76 characters
 			sqlEvent := outbox.Message{ID: id(), AggregateID: "sql-1", Type: "sql.bytes", ContentType: "avro/binary", Payload: big, Topic: "from.sql"}
 			ctx := context.Background()
 			if fl.table {
 				fn := pgx.Identifier{e.cfg.Schema, e.cfg.Table + "_write"}.Sanitize()
-				if _, err := e.pool.Exec(ctx, "SELECT "+fn+"($1, $2, $3::bytea, topic => $4, content_type => $5, event_id => $6)",
+				if _, err := e.pool.Exec(ctx, "SELECT "+fn+"($1, $2, $3::bytea, topic => $4, content_type => $5, event_id => $6, deliver_at => now() - interval '1 hour')",
 					sqlEvent.AggregateID, sqlEvent.Type, big, sqlEvent.Topic, sqlEvent.ContentType, sqlEvent.ID); err != nil {
 					t.Fatal(err)
 				}
@@ -101,7 +102,8 @@ func TestRelaysProducerFields(t *testing.T) {
 				prefix, _ := walrelay.MessagePrefix(e.cfg)
 				if _, err := e.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, json_build_object(
     'v', 1, 'event_id', $2::text, 'aggregate_id', $3::text, 'type', $4::text,
-    'content_type', $5::text, 'topic', $6::text, 'payload_base64', encode($7::bytea, 'base64'))::text)`,
+    'content_type', $5::text, 'topic', $6::text, 'deliver_at', now() - interval '1 hour',
+    'payload_base64', encode($7::bytea, 'base64'))::text)`,
 					prefix, sqlEvent.ID, sqlEvent.AggregateID, sqlEvent.Type, sqlEvent.ContentType, sqlEvent.Topic, big); err != nil {
 					t.Fatal(err)
 				}
