@@ -43,10 +43,6 @@ type CloudEventsBinding struct {
 	// Prefix comes before each attribute name: "ce_" for Kafka, "ce-"
 	// for Pub/Sub, "cloudEvents_" for AMQP.
 	Prefix string
-	// ContentType, when set, also carries datacontenttype under this
-	// header name, for a binding that names it differently from the
-	// adapter's own content-type header ("Content-Type" for Pub/Sub).
-	ContentType string
 }
 
 var (
@@ -108,13 +104,6 @@ func (w *ceWrapper) Publish(ctx context.Context, e *core.Event) error {
 	ev.Headers[p+"type"] = e.Type
 	if !e.CreatedAt.IsZero() {
 		ev.Headers[p+"time"] = e.CreatedAt.UTC().Format(time.RFC3339Nano)
-	}
-	if w.b.ContentType != "" {
-		ct := e.ContentType
-		if ct == "" {
-			ct = core.ContentTypeJSON
-		}
-		ev.Headers[w.b.ContentType] = ct
 	}
 	return w.Publisher.Publish(ctx, &ev)
 }

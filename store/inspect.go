@@ -27,13 +27,14 @@ const (
 	StatePending    EventState = "pending"    // neither dispatched nor parked
 	StateHeld       EventState = "held"       // pending, held by a permanent failure until retried or parked
 	StateRetrying   EventState = "retrying"   // pending, backing off after a transient failure until RetryAt
+	StateScheduled  EventState = "scheduled"  // pending, waiting for its deliver-at time
 	StateStuck      EventState = "stuck"      // pending for longer than EventsOptions.StuckAfter, or held
 	StateParked     EventState = "parked"     // set aside by an operator
 	StateDispatched EventState = "dispatched" // published; listed newest first
 )
 
 // EventStates lists every state, in the order a console shows them.
-var EventStates = []EventState{StateStuck, StateHeld, StateRetrying, StatePending, StateParked, StateDispatched}
+var EventStates = []EventState{StateStuck, StateHeld, StateRetrying, StateScheduled, StatePending, StateParked, StateDispatched}
 
 // Limits of Events.
 const (
@@ -76,7 +77,11 @@ type EventInfo struct {
 	FailedAt     time.Time // when the last attempt failed; zero if none
 	// RetryAt is when a transiently failed event may be tried again; zero
 	// when it has not failed, is held or has gone out.
-	RetryAt      time.Time
+	RetryAt time.Time
+	// DeliverAt is the producer's deliver-at time while the event still
+	// waits for it (Scheduled); zero otherwise.
+	DeliverAt    time.Time
+	Scheduled    bool
 	Held         bool
 	ParkedAt     time.Time
 	ParkedReason string
@@ -88,8 +93,8 @@ type EventInfo struct {
 	WaitsFor int64
 }
 
-// State returns the event's state: dispatched, parked, held, retrying or
-// pending (a stuck event is one of the last three).
+// State returns the event's state: dispatched, parked, held, scheduled,
+// retrying or pending (a stuck event is held, retrying or pending).
 func (e EventInfo) State() EventState {
 	switch {
 	case !e.DispatchedAt.IsZero():
@@ -98,6 +103,8 @@ func (e EventInfo) State() EventState {
 		return StateParked
 	case e.Held:
 		return StateHeld
+	case e.Scheduled:
+		return StateScheduled
 	case !e.RetryAt.IsZero():
 		return StateRetrying
 	}
@@ -117,7 +124,8 @@ func (s *Store) infoCols() string {
        CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN (
            SELECT min(e.seq) FROM ` + t + ` e
            WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
-             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END`
+             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END,
+       o.deliver_at, o.dispatched_at IS NULL AND o.parked_at IS NULL AND ` + scheduledSQL
 }
 
 func scanInfo(row pgx.Row, extra ...any) (EventInfo, error) {
@@ -125,9 +133,10 @@ func scanInfo(row pgx.Row, extra ...any) (EventInfo, error) {
 		e                               EventInfo
 		dispatched, failed, retry, park pgtype.Timestamptz
 		waitsFor                        *int64
+		deliverAt                       pgtype.Timestamptz
 	)
 	dest := append([]any{&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.CreatedAt, &dispatched, &e.Attempts,
-		&e.LastError, &failed, &retry, &park, &e.ParkedReason, &e.HeldBack, &waitsFor}, extra...)
+		&e.LastError, &failed, &retry, &park, &e.ParkedReason, &e.HeldBack, &waitsFor, &deliverAt, &e.Scheduled}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return EventInfo{}, err
 	}
@@ -135,6 +144,8 @@ func scanInfo(row pgx.Row, extra ...any) (EventInfo, error) {
 	switch {
 	case e.DispatchedAt.IsZero() && retry.Valid && retry.InfinityModifier == pgtype.Infinity:
 		e.Held = true
+	case e.Scheduled:
+		e.DeliverAt = deliverAt.Time
 	case e.DispatchedAt.IsZero() && retry.Valid && retry.InfinityModifier == pgtype.Finite:
 		e.RetryAt = retry.Time
 	}
@@ -230,9 +241,13 @@ func (s *Store) Events(ctx context.Context, q EventsOptions) ([]EventInfo, error
 	case StateHeld:
 		state = pending + " AND o.retry_at = 'infinity'"
 	case StateRetrying:
-		state = pending + " AND o.retry_at > now() AND o.retry_at < 'infinity'"
+		state = pending + " AND o.retry_at > now() AND o.retry_at < 'infinity' AND NOT " + scheduledSQL
+	case StateScheduled:
+		state = pending + " AND " + scheduledSQL
 	case StateStuck:
-		state = pending + " AND (o.created_at < now() - make_interval(secs => $3) OR o.retry_at = 'infinity')"
+		// A scheduled event is not stuck for waiting as asked: its age
+		// counts from its deliver-at time, as in Stuck and Status.
+		state = pending + " AND ((" + dueSQL + " < now() - make_interval(secs => $3) AND NOT " + scheduledSQL + ") OR o.retry_at = 'infinity')"
 		args = append(args, q.StuckAfter.Seconds())
 	case StateParked:
 		state = "o.dispatched_at IS NULL AND o.parked_at IS NOT NULL"

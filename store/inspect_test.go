@@ -352,3 +352,29 @@ func TestAffectedCountsWhatTheActionTouches(t *testing.T) {
 		t.Error("empty selector: no error")
 	}
 }
+
+// An event waiting for its deliver-at time is listed as scheduled, not as
+// retrying or stuck, however old its row.
+func TestEventsScheduledApart(t *testing.T) {
+	f := newPoisonFixture(t)
+	var seq int64
+	if err := f.pool.QueryRow(f.ctx, `INSERT INTO `+f.table()+` (aggregate_id, type, payload, deliver_at, created_at)
+VALUES ('k-1', 'reminder.due', '{}', now() + interval '1 day', now() - interval '2 hours') RETURNING seq`).Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateScheduled}); !slices.Equal(got, []int64{seq}) {
+		t.Errorf("scheduled = %v, want [%d]", got, seq)
+	}
+	for _, st := range []store.EventState{store.StateRetrying, store.StateStuck, store.StateHeld} {
+		if got := f.events(store.EventsOptions{State: st, StuckAfter: time.Minute}); len(got) != 0 {
+			t.Errorf("%s lists the scheduled event: %v", st, got)
+		}
+	}
+	list, err := f.st.Events(f.ctx, store.EventsOptions{State: store.StatePending})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("pending = %v, %v", list, err)
+	}
+	if e := list[0]; e.State() != store.StateScheduled || e.DeliverAt.Before(time.Now().Add(23*time.Hour)) || !e.RetryAt.IsZero() {
+		t.Errorf("scheduled event: state %s, deliver at %v, retry at %v", e.State(), e.DeliverAt, e.RetryAt)
+	}
+}

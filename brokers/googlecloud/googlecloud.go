@@ -34,10 +34,10 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// CloudEventsBinding is the Google Cloud Pub/Sub binding's: attributes
-// prefixed ce-, datacontenttype in the Content-Type attribute (and in the
-// content-type attribute every event carries).
-var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "ce-", ContentType: "Content-Type"}
+// CloudEventsBinding is the Google Cloud Pub/Sub binding's: lower-case
+// attributes prefixed ce-; receivers take datacontenttype from the
+// content-type attribute, which every event carries.
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "ce-"}
 
 func init() {
 	brokers.RegisterConfig("googlecloud", New)

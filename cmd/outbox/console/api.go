@@ -26,6 +26,7 @@ type Overview struct {
 	At                      time.Time  `json:"at"`
 	Pending                 int64      `json:"pending"`
 	Retrying                int64      `json:"retrying"`
+	Scheduled               int64      `json:"scheduled"`
 	Held                    int64      `json:"held"`
 	Parked                  int64      `json:"parked"`
 	Stuck                   int64      `json:"stuck"`
@@ -82,6 +83,7 @@ type Event struct {
 	LastError    string     `json:"last_error,omitempty"`
 	FailedAt     *time.Time `json:"failed_at,omitempty"`
 	RetryAt      *time.Time `json:"retry_at,omitempty"`
+	DeliverAt    *time.Time `json:"deliver_at,omitempty"`
 	ParkedAt     *time.Time `json:"parked_at,omitempty"`
 	ParkedReason string     `json:"parked_reason,omitempty"`
 	HeldBack     int64      `json:"held_back"`
@@ -265,7 +267,7 @@ func (c *Console) overview(r *http.Request) (Overview, error) {
 		return Overview{}, err
 	}
 	o := Overview{
-		At: st.Now, Pending: st.Pending, Retrying: st.Retrying, Held: st.Held, Parked: st.Parked, Stuck: st.Stuck,
+		At: st.Now, Pending: st.Pending, Retrying: st.Retrying, Scheduled: st.Scheduled, Held: st.Held, Parked: st.Parked, Stuck: st.Stuck,
 		StuckAfterSeconds: c.opts.StuckAfter.Seconds(), OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(),
 		OldestPendingCreatedAt: ptr(st.OldestPending), LagSLOSeconds: c.opts.LagSLO.Seconds(),
 		LagSLOBreached: st.OldestPendingAge > c.opts.LagSLO, DispatchedLastMinute: st.DispatchedLastMinute,
@@ -308,7 +310,7 @@ func toEvent(e store.EventInfo, now time.Time) Event {
 	return Event{
 		Seq: e.Seq, ID: e.ID, AggregateID: e.AggregateID, Type: e.Type, State: string(e.State()),
 		CreatedAt: e.CreatedAt, AgeSeconds: max(now.Sub(e.CreatedAt), 0).Seconds(), DispatchedAt: ptr(e.DispatchedAt),
-		Attempts: e.Attempts, LastError: e.LastError, FailedAt: ptr(e.FailedAt), RetryAt: ptr(e.RetryAt),
+		Attempts: e.Attempts, LastError: e.LastError, FailedAt: ptr(e.FailedAt), RetryAt: ptr(e.RetryAt), DeliverAt: ptr(e.DeliverAt),
 		ParkedAt: ptr(e.ParkedAt), ParkedReason: e.ParkedReason, HeldBack: e.HeldBack, WaitsFor: e.WaitsFor,
 	}
 }
