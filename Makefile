@@ -18,8 +18,8 @@ demo: ## the end-to-end demo (a throwaway PostgreSQL unless DATABASE_URL is set)
 	@if [ -n "$$DATABASE_URL" ]; then $(GO) run ./cmd/outbox demo; \
 	else $(SERVICES) --no-rabbitmq sh -c 'DATABASE_URL=$$OUTBOX_TEST_DATABASE_URL $(GO) run ./cmd/outbox demo'; fi
 
-test: ## the test suite, with -race, against throwaway PostgreSQL and RabbitMQ
-	$(SERVICES) $(GO) test -race -count=1 -timeout 12m ./...
+test: ## the test suite, with -race, against throwaway PostgreSQL and RabbitMQ, and headless Chromium
+	$(SERVICES) --chromium $(GO) test -race -count=1 -timeout 12m ./...
 
 build: ## build the outbox binary into bin/outbox
 	$(GO) build -o bin/outbox ./cmd/outbox

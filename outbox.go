@@ -1,5 +1,5 @@
 // Package outbox writes events into the transactional outbox: inside the
-// caller's own pgx transaction, so the event commits or rolls back together
+// caller's own transaction, so the event commits or rolls back together
 // with the business change it announces. The relay (package core, command
 // "outbox relay") later publishes what committed.
 //
@@ -8,6 +8,11 @@
 //	// ... business writes on tx ...
 //	err := w.Write(ctx, tx, outbox.Message{AggregateID: orderID, Type: "order.placed", Payload: order})
 //	// on error, roll back: the business change must not commit without its event
+//
+// Write takes a pgx transaction; WriteSQL takes a database/sql one (pgx's
+// stdlib driver, lib/pq, and what sqlx, GORM, ent or sqlc build on them).
+// Producers in other languages call the SQL function the migrations
+// install (see docs/producers.md).
 package outbox
 
 import (
@@ -15,6 +20,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -22,11 +28,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
 
-// DBTX is what Write needs from a transaction: pgx.Tx satisfies it, and so
+// DBTX is what Write needs from a pgx transaction: pgx.Tx satisfies it, and so
 // does anything with the same Exec method (a pgxpool.Tx, a test double).
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -36,16 +41,35 @@ var _ DBTX = (pgx.Tx)(nil)
 
 // Message is one event to write.
 type Message struct {
-	AggregateID string // a UUID; the ordering and partition key
+	// AggregateID is the ordering and partition key: any non-empty string
+	// of at most store.MaxKeyBytes (255) bytes without control characters,
+	// such as a UUID, "ord_2Xb9" or a number as text. Keys are compared
+	// byte for byte.
+	AggregateID string
 	Type        string // such as "order.placed"
-	// Payload is serialized now with encoding/json, so the row holds the
-	// exact bytes that will be published. []byte and json.RawMessage are
-	// taken as they are and must be valid JSON.
+	// ContentType is the payload's media type, passed to consumers in the
+	// broker's own place for it. Empty means application/json.
+	ContentType string
+	// Payload, for a JSON content type (application/json or any type
+	// ending in +json), is serialized now with encoding/json, so the row
+	// holds the exact bytes that will be published; []byte and
+	// json.RawMessage are taken as they are and must be valid JSON (a
+	// string is serialized as a JSON string). For any other content type (application/x-protobuf,
+	// avro/binary, application/octet-stream...) it must be []byte or
+	// string, and is published byte for byte.
 	Payload any
 	Headers map[string]string // optional; names must not be the relay's own
-	// UID is the event's identity across outboxes; a UUIDv7 is generated
+	// Topic, when set, is where the event goes, instead of what the
+	// relay's routing rules would pick for its type. The routing's
+	// topic prefix still applies.
+	Topic string
+	// DeliverAt, when set in the future, keeps the event from being
+	// published before then. In ordered mode the later events of its
+	// aggregate wait behind it; in unordered mode they go ahead.
+	DeliverAt time.Time
+	// ID is the event's identity across outboxes; a UUIDv7 is generated
 	// when empty. Set it to make a retried write idempotent downstream.
-	UID string
+	ID string
 }
 
 // WriterOptions configure a Writer. The zero value is valid.
@@ -92,8 +116,10 @@ func NewWriter(opts WriterOptions) (*Writer, error) {
 
 // ValidationError says which message of a Write was rejected and why.
 type ValidationError struct {
-	Index int    // position in the Write call
-	Field string // "aggregate_id", "type", "payload", "headers" or "uid"
+	Index int // position in the Write call
+	// Field is "aggregate_id", "type", "content_type", "payload",
+	// "headers", "topic", "deliver_at" or "id".
+	Field string
 	Msg   string
 }
 
@@ -101,45 +127,115 @@ func (e *ValidationError) Error() string {
 	return fmt.Sprintf("outbox: message %d: %s %s", e.Index, e.Field, e.Msg)
 }
 
-// Write validates msgs, serializes their payloads and inserts them with tx.
-// Nothing is inserted when any message is invalid; the error is a
-// *ValidationError. On any error the caller should roll tx back.
+// Write validates msgs, serializes their payloads and inserts them with tx
+// in one statement. Nothing is inserted when any message is invalid; the
+// error is a *ValidationError. On any error the caller should roll tx back.
 func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	n := len(msgs)
-	uids, aggs, types, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	headers := make([]*string, n)
-	var trace map[string]string
-	if w.opts.Propagator != nil {
-		carrier := propagation.MapCarrier{}
-		w.opts.Propagator.Inject(ctx, carrier)
-		if len(carrier) > 0 {
-			trace = carrier
-		}
+	rows, err := w.rows(ctx, msgs)
+	if err != nil {
+		return err
 	}
-	for i, m := range msgs {
-		v, err := w.prepare(i, m, trace)
-		if err != nil {
-			return err
-		}
-		uids[i], aggs[i], types[i], payloads[i], headers[i] = v.uid, v.agg, m.Type, v.payload, v.headers
-	}
-	rows := store.InsertRows{UIDs: uids, AggregateIDs: aggs, Types: types, Payloads: payloads, Headers: headers}
 	if err := w.insert.Exec(ctx, tx, rows); err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
 	return nil
 }
 
-type prepared struct {
-	uid, agg, payload string
-	headers           *string
+// SQLTx is what WriteSQL needs from a database/sql transaction: *sql.Tx
+// satisfies it, and so do *sql.Conn, *sql.DB and sqlx's types.
+type SQLTx = store.SQLExecer
+
+// WriteSQL is Write for a database/sql transaction, with the same
+// validation and the same single statement. It works with any PostgreSQL
+// driver, such as pgx's stdlib (github.com/jackc/pgx/v5/stdlib) or lib/pq.
+func (w *Writer) WriteSQL(ctx context.Context, tx SQLTx, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	rows, err := w.rows(ctx, msgs)
+	if err != nil {
+		return err
+	}
+	if err := w.insert.ExecSQL(ctx, tx, rows); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	return nil
 }
 
-var reservedHeaders = map[string]bool{
-	core.HeaderEventUID: true, core.HeaderEventID: true, core.HeaderType: true, core.HeaderAggregateID: true,
+// rows validates msgs and lays them out as the insert's columns. Columns
+// no message uses stay nil, to be sent as NULLs.
+func (w *Writer) rows(ctx context.Context, msgs []Message) (store.InsertRows, error) {
+	n := len(msgs)
+	r := store.InsertRows{
+		IDs: make([]string, n), AggregateIDs: make([]string, n), Types: make([]string, n),
+		Payloads: make([]*string, n), Headers: make([]*string, n),
+	}
+	trace := w.trace(ctx)
+	for i, m := range msgs {
+		v, err := w.prepare(i, m, trace)
+		if err != nil {
+			return store.InsertRows{}, err
+		}
+		r.IDs[i], r.AggregateIDs[i], r.Types[i], r.Headers[i] = v.id, m.AggregateID, m.Type, v.headers
+		if v.bytes != nil {
+			if r.Bytes == nil {
+				r.Bytes = make([][]byte, n)
+			}
+			r.Bytes[i] = v.bytes
+		} else {
+			r.Payloads[i] = &v.payload
+		}
+		if m.ContentType != "" {
+			if r.ContentTypes == nil {
+				r.ContentTypes = make([]*string, n)
+			}
+			r.ContentTypes[i] = &msgs[i].ContentType
+		}
+		if m.Topic != "" {
+			if r.Topics == nil {
+				r.Topics = make([]*string, n)
+			}
+			r.Topics[i] = &msgs[i].Topic
+		}
+		if !m.DeliverAt.IsZero() {
+			if r.DeliverAt == nil {
+				r.DeliverAt = make([]*time.Time, n)
+			}
+			r.DeliverAt[i] = &msgs[i].DeliverAt
+		}
+	}
+	return r, nil
+}
+
+// trace returns the trace context of ctx as headers, or nil.
+func (w *Writer) trace(ctx context.Context) map[string]string {
+	if w.opts.Propagator == nil {
+		return nil
+	}
+	carrier := propagation.MapCarrier{}
+	w.opts.Propagator.Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return nil
+	}
+	return carrier
+}
+
+type prepared struct {
+	id, payload string
+	bytes       []byte // the payload of a content type that is not JSON
+	headers     *string
+	headerMap   map[string]string // the same headers, for LogWriter
+}
+
+var reservedHeaders = map[string]bool{}
+
+func init() {
+	for _, h := range store.ReservedHeaders {
+		reservedHeaders[h] = true
+	}
 }
 
 func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, error) {
@@ -147,53 +243,82 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		return prepared{}, &ValidationError{Index: i, Field: field, Msg: fmt.Sprintf(format, a...)}
 	}
 	var p prepared
-	if m.AggregateID == "" {
-		return bad("aggregate_id", "is empty")
+	if err := store.CheckKey(m.AggregateID); err != nil {
+		return bad("aggregate_id", "%s", err)
 	}
-	agg, err := uuid.Parse(m.AggregateID)
-	if err != nil {
-		return bad("aggregate_id", "%q is not a UUID", truncateForError(m.AggregateID))
-	}
-	p.agg = agg.String()
-	if m.UID == "" {
+	if m.ID == "" {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return bad("uid", "could not be generated: %v", err)
+			return bad("id", "could not be generated: %v", err)
 		}
-		p.uid = id.String()
+		p.id = id.String()
 	} else {
-		id, err := uuid.Parse(m.UID)
+		id, err := uuid.Parse(m.ID)
 		if err != nil {
-			return bad("uid", "%q is not a UUID", truncateForError(m.UID))
+			return bad("id", "%q is not a UUID", truncateForError(m.ID))
 		}
-		p.uid = id.String()
+		p.id = id.String()
 	}
 	if err := store.CheckType(m.Type); err != nil {
 		return bad("type", "%s", strings.TrimPrefix(err.Error(), "type "))
 	}
-	var raw []byte
-	switch v := m.Payload.(type) {
-	case nil:
-		return bad("payload", "is nil")
-	case []byte:
-		raw = v
-	case json.RawMessage:
-		raw = v
-	default:
-		raw, err = json.Marshal(v)
-		if err != nil {
-			return bad("payload", "cannot be serialized: %v", err)
+	if m.ContentType != "" {
+		if err := store.CheckContentType(m.ContentType); err != nil {
+			return bad("content_type", "%q %s", truncateForError(m.ContentType), err)
 		}
 	}
-	switch {
-	case len(raw) > w.opts.MaxPayloadBytes:
-		return bad("payload", "is %d bytes, over the limit of %d", len(raw), w.opts.MaxPayloadBytes)
-	case !json.Valid(raw):
-		return bad("payload", "is not valid JSON")
-	case !utf8.Valid(raw):
-		return bad("payload", "is not valid UTF-8")
+	if m.Topic != "" {
+		if err := store.CheckTopic(m.Topic); err != nil {
+			return bad("topic", "%q %s", truncateForError(m.Topic), err)
+		}
 	}
-	p.payload = string(raw)
+	if !m.DeliverAt.IsZero() {
+		if err := store.CheckDeliverAt(m.DeliverAt); err != nil {
+			return bad("deliver_at", "%s", err)
+		}
+	}
+	var raw []byte
+	if store.IsJSON(m.ContentType) {
+		switch v := m.Payload.(type) {
+		case nil:
+			return bad("payload", "is nil")
+		case []byte:
+			raw = v
+		case json.RawMessage:
+			raw = v
+		default:
+			var err error
+			raw, err = json.Marshal(v)
+			if err != nil {
+				return bad("payload", "cannot be serialized: %v", err)
+			}
+		}
+		switch {
+		case len(raw) > w.opts.MaxPayloadBytes:
+			return bad("payload", "is %d bytes, over the limit of %d", len(raw), w.opts.MaxPayloadBytes)
+		case !json.Valid(raw):
+			return bad("payload", "is not valid JSON")
+		case !utf8.Valid(raw):
+			return bad("payload", "is not valid UTF-8")
+		}
+		p.payload = string(raw)
+	} else {
+		switch v := m.Payload.(type) {
+		case []byte:
+			raw = v
+		case string:
+			raw = []byte(v)
+		default:
+			return bad("payload", "is %T; content type %q needs []byte or string", m.Payload, truncateForError(m.ContentType))
+		}
+		if len(raw) > w.opts.MaxPayloadBytes {
+			return bad("payload", "is %d bytes, over the limit of %d", len(raw), w.opts.MaxPayloadBytes)
+		}
+		if raw == nil {
+			raw = []byte{} // an empty message (Protobuf's default) is a payload, not NULL
+		}
+		p.bytes = raw
+	}
 	if len(m.Headers) > 0 || trace != nil {
 		h := make(map[string]string, len(m.Headers)+len(trace))
 		for k, v := range m.Headers {
@@ -219,6 +344,7 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		}
 		s := string(b)
 		p.headers = &s
+		p.headerMap = h
 	}
 	return p, nil
 }

@@ -180,7 +180,7 @@ func TestManyEventsInOneStatement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := pool.Query(ctx, "SELECT (payload->>'line')::int FROM "+table(cfg)+" ORDER BY id")
+	rows, err := pool.Query(ctx, "SELECT (payload->>'line')::int FROM "+table(cfg)+" ORDER BY seq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +200,17 @@ func TestManyEventsInOneStatement(t *testing.T) {
 
 func TestValidationErrors(t *testing.T) {
 	w := newWriter(t, outbox.WriterOptions{MaxPayloadBytes: 64})
+	lw, err := outbox.NewLogWriter(outbox.WriterOptions{MaxPayloadBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writers := []struct {
+		name  string
+		write func(tx outbox.DBTX, msgs ...outbox.Message) error
+	}{
+		{"Writer", func(tx outbox.DBTX, msgs ...outbox.Message) error { return w.Write(context.Background(), tx, msgs...) }},
+		{"LogWriter", func(tx outbox.DBTX, msgs ...outbox.Message) error { return lw.Write(context.Background(), tx, msgs...) }},
+	}
 	ok := outbox.Message{AggregateID: orderID, Type: "order.placed", Payload: []byte(`{}`)}
 	with := func(f func(m *outbox.Message)) outbox.Message { m := ok; f(&m); return m }
 	for _, tc := range []struct {
@@ -208,7 +219,20 @@ func TestValidationErrors(t *testing.T) {
 		field string
 	}{
 		{"empty aggregate", with(func(m *outbox.Message) { m.AggregateID = "" }), "aggregate_id"},
-		{"aggregate not a uuid", with(func(m *outbox.Message) { m.AggregateID = "order-17" }), "aggregate_id"},
+		{"aggregate over 255 bytes", with(func(m *outbox.Message) { m.AggregateID = strings.Repeat("k", 256) }), "aggregate_id"},
+		{"control character in aggregate", with(func(m *outbox.Message) { m.AggregateID = "ord\x01" }), "aggregate_id"},
+		{"aggregate not utf-8", with(func(m *outbox.Message) { m.AggregateID = "ord\xff" }), "aggregate_id"},
+		{"content type not a media type", with(func(m *outbox.Message) { m.ContentType = "protobuf" }), "content_type"},
+		{"content type with a newline", with(func(m *outbox.Message) { m.ContentType = "text/plain\n" }), "content_type"},
+		{"bytes payload of a struct", with(func(m *outbox.Message) { m.ContentType = "application/x-protobuf"; m.Payload = struct{}{} }), "payload"},
+		{"bytes payload nil", with(func(m *outbox.Message) { m.ContentType = "application/octet-stream"; m.Payload = nil }), "payload"},
+		{"bytes payload over the limit", with(func(m *outbox.Message) { m.ContentType = "avro/binary"; m.Payload = make([]byte, 65) }), "payload"},
+		{"json content type checks json", with(func(m *outbox.Message) { m.ContentType = "application/problem+json"; m.Payload = []byte("nope") }), "payload"},
+		{"topic with a space", with(func(m *outbox.Message) { m.Topic = "my topic" }), "topic"},
+		{"topic over 255 bytes", with(func(m *outbox.Message) { m.Topic = strings.Repeat("t", 256) }), "topic"},
+		{"deliver_at out of range", with(func(m *outbox.Message) { m.DeliverAt = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) }), "deliver_at"},
+		{"reserved header content-type", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderContentType: "x"} }), "headers"},
+		{"reserved header event_seq", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderEventSeq: "1"} }), "headers"},
 		{"empty type", with(func(m *outbox.Message) { m.Type = "" }), "type"},
 		{"blank type", with(func(m *outbox.Message) { m.Type = " \t" }), "type"},
 		{"control character in type", with(func(m *outbox.Message) { m.Type = "order\nplaced" }), "type"},
@@ -226,25 +250,38 @@ func TestValidationErrors(t *testing.T) {
 		{"reserved header aggregate_id", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderAggregateID: "x"} }), "headers"},
 		{"empty header name", with(func(m *outbox.Message) { m.Headers = map[string]string{"": "x"} }), "headers"},
 		{"NUL in header", with(func(m *outbox.Message) { m.Headers = map[string]string{"k": "a\x00b"} }), "headers"},
-		{"uid not a uuid", with(func(m *outbox.Message) { m.UID = "abc" }), "uid"},
+		{"id not a uuid", with(func(m *outbox.Message) { m.ID = "abc" }), "id"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ec := &execCounter{}
-			err := w.Write(context.Background(), ec, ok, tc.msg)
-			var verr *outbox.ValidationError
-			if !errors.As(err, &verr) {
-				t.Fatalf("error %v, want a *ValidationError", err)
-			}
-			if verr.Field != tc.field || verr.Index != 1 {
-				t.Fatalf("error names message %d field %q, want message 1 field %q (%v)", verr.Index, verr.Field, tc.field, err)
-			}
-			if !strings.Contains(err.Error(), tc.field) {
-				t.Fatalf("message %q does not name %s", err, tc.field)
-			}
-			if ec.calls != 0 {
-				t.Fatal("an invalid Write reached the database")
-			}
-		})
+		// The log-only writer refuses exactly what the row writer does.
+		for _, wr := range writers {
+			t.Run(wr.name+"/"+tc.name, func(t *testing.T) {
+				ec := &execCounter{}
+				err := wr.write(ec, ok, tc.msg)
+				var verr *outbox.ValidationError
+				if !errors.As(err, &verr) {
+					t.Fatalf("error %v, want a *ValidationError", err)
+				}
+				if verr.Field != tc.field || verr.Index != 1 {
+					t.Fatalf("error names message %d field %q, want message 1 field %q (%v)", verr.Index, verr.Field, tc.field, err)
+				}
+				if !strings.Contains(err.Error(), tc.field) {
+					t.Fatalf("message %q does not name %s", err, tc.field)
+				}
+				if ec.calls != 0 {
+					t.Fatal("an invalid Write reached the database")
+				}
+			})
+		}
+	}
+	// What only the log message format cannot carry: a deliver-at time
+	// beyond RFC 3339's four-digit years, which a row holds.
+	far := with(func(m *outbox.Message) { m.DeliverAt = time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC) })
+	if err := w.Write(context.Background(), &execCounter{}, far); err != nil {
+		t.Fatalf("row writer refused a deliver_at in year 12000: %v", err)
+	}
+	var verr *outbox.ValidationError
+	if err := lw.Write(context.Background(), &execCounter{}, far); !errors.As(err, &verr) || verr.Field != "deliver_at" {
+		t.Fatalf("log writer: %v, want a ValidationError naming deliver_at", err)
 	}
 	if _, err := outbox.NewWriter(outbox.WriterOptions{MaxPayloadBytes: -1}); err == nil || !strings.Contains(err.Error(), "MaxPayloadBytes") {
 		t.Fatalf("negative MaxPayloadBytes: %v", err)
@@ -288,7 +325,7 @@ func TestPayloadStoredByteExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +340,7 @@ func TestPayloadStoredByteExact(t *testing.T) {
 	}
 }
 
-func TestHeadersUIDAndTraceContext(t *testing.T) {
+func TestHeadersEventIDAndTraceContext(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := pgtest.Schema(t)
 	w := newWriter(t, outbox.WriterOptions{Store: cfg, Propagator: propagation.TraceContext{}})
@@ -312,13 +349,13 @@ func TestHeadersUIDAndTraceContext(t *testing.T) {
 	})
 	tctx := trace.ContextWithSpanContext(ctx, sc)
 	uid := "0190A7F4-0000-7000-8000-000000000001" // upper case; stored canonical
-	msg := outbox.Message{AggregateID: orderID, Type: "t.x", Payload: []byte(`1`), UID: uid, Headers: map[string]string{"tenant": "acme"}}
+	msg := outbox.Message{AggregateID: orderID, Type: "t.x", Payload: []byte(`1`), ID: uid, Headers: map[string]string{"tenant": "acme"}}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(tctx, tx, msg) }); err != nil {
 		t.Fatal(err)
 	}
 	var gotUID string
 	var headers map[string]string
-	if err := pool.QueryRow(ctx, "SELECT uid::text, headers FROM "+table(cfg)).Scan(&gotUID, &headers); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT event_id::text, headers FROM "+table(cfg)).Scan(&gotUID, &headers); err != nil {
 		t.Fatal(err)
 	}
 	if gotUID != strings.ToLower(uid) {

@@ -19,27 +19,27 @@ import (
 )
 
 // Decoder decodes a broker's own configuration section into v, a pointer to
-// the adapter's settings struct. Unknown keys are an error.
+// the adapter's Config struct. Unknown keys are an error.
 type Decoder interface {
 	Decode(v any) error
 }
 
-// Params is what a Factory receives.
-type Params struct {
+// Options is what a Factory receives.
+type Options struct {
 	Config Decoder      // the broker's section of the configuration
 	Topics *Routing     // resolves each event's topic
 	Logger *slog.Logger // never nil
 }
 
-// Factory builds a publisher. It checks its settings and returns an error
+// Factory builds a publisher. It checks its configuration and returns an error
 // naming the bad field; it should connect, so an unreachable broker is
 // reported at start-up.
-type Factory func(ctx context.Context, p Params) (core.Publisher, error)
+type Factory func(ctx context.Context, p Options) (core.Publisher, error)
 
 var (
 	mu        sync.RWMutex
 	factories = map[string]Factory{}
-	settings  = map[string]reflect.Type{} // of brokers registered with RegisterSettings
+	configs   = map[string]reflect.Type{} // of brokers registered with RegisterConfig
 )
 
 // Register makes a publisher available under name. It panics when name is
@@ -56,30 +56,30 @@ func Register(name string, f Factory) {
 	factories[name] = f
 }
 
-// RegisterSettings registers a publisher configured by the struct S: its
+// RegisterConfig registers a publisher configured by the struct S: its
 // factory decodes the broker's section into S and calls open, which checks
-// the settings and connects.
-func RegisterSettings[S any](name string, open func(ctx context.Context, s S, topics *Routing, log *slog.Logger) (core.Publisher, error)) {
-	Register(name, func(ctx context.Context, p Params) (core.Publisher, error) {
+// the configuration and connects.
+func RegisterConfig[S any](name string, open func(ctx context.Context, s S, topics *Routing, log *slog.Logger) (core.Publisher, error)) {
+	Register(name, func(ctx context.Context, p Options) (core.Publisher, error) {
 		var s S
 		if err := p.Config.Decode(&s); err != nil {
-			return nil, fmt.Errorf("%s settings: %w", name, err)
+			return nil, fmt.Errorf("%s config: %w", name, err)
 		}
 		return open(ctx, s, p.Topics, p.Logger)
 	})
 	mu.Lock()
-	settings[name] = reflect.TypeFor[S]()
+	configs[name] = reflect.TypeFor[S]()
 	mu.Unlock()
 }
 
-// Settings returns the settings type a publisher was registered with by
-// RegisterSettings, so a configuration loader can check the keys of its
+// ConfigType returns the configuration type a publisher was registered
+// with by RegisterConfig, so a configuration loader can check the keys of its
 // section before it is opened. ok is false for one registered with
 // Register, whose keys only its Factory knows.
-func Settings(name string) (t reflect.Type, ok bool) {
+func ConfigType(name string) (t reflect.Type, ok bool) {
 	mu.RLock()
 	defer mu.RUnlock()
-	t, ok = settings[name]
+	t, ok = configs[name]
 	return t, ok
 }
 
@@ -96,7 +96,7 @@ func Names() []string {
 }
 
 // Open builds the publisher registered as name.
-func Open(ctx context.Context, name string, p Params) (core.Publisher, error) {
+func Open(ctx context.Context, name string, p Options) (core.Publisher, error) {
 	mu.RLock()
 	f, ok := factories[name]
 	mu.RUnlock()

@@ -10,18 +10,18 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// WebhookSettings is the custom publisher's own configuration section,
+// WebhookConfig is the custom publisher's own configuration section,
 // brokers.webhook in YAML. Flat keys map to environment variables
 // OUTBOX_BROKERS_WEBHOOK_<KEY>.
-type WebhookSettings struct {
+type WebhookConfig struct {
 	URL string `koanf:"url"`
 }
 
 func init() {
-	brokers.Register("webhook", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
-		var s WebhookSettings
+	brokers.Register("webhook", func(ctx context.Context, p brokers.Options) (core.Publisher, error) {
+		var s WebhookConfig
 		if err := p.Config.Decode(&s); err != nil {
-			return nil, fmt.Errorf("webhook settings: %w", err)
+			return nil, fmt.Errorf("webhook config: %w", err)
 		}
 		if s.URL == "" {
 			return nil, fmt.Errorf("webhook: url is empty")
@@ -66,10 +66,10 @@ func (w *webhook) Close() error { return nil }
 func Example_customPublisher() {
 	// What the CLI does with the configuration above.
 	section := brokers.DecoderFunc(func(v any) error {
-		*(v.(*WebhookSettings)) = WebhookSettings{URL: "https://hooks.example.com"}
+		*(v.(*WebhookConfig)) = WebhookConfig{URL: "https://hooks.example.com"}
 		return nil
 	})
-	pub, err := brokers.Open(context.Background(), "webhook", brokers.Params{
+	pub, err := brokers.Open(context.Background(), "webhook", brokers.Options{
 		Config: section, Topics: &brokers.Routing{}, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -77,7 +77,7 @@ func Example_customPublisher() {
 		return
 	}
 	defer pub.Close()
-	_ = pub.Publish(context.Background(), &core.Event{ID: 1, AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
+	_ = pub.Publish(context.Background(), &core.Event{Seq: 1, AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 	fmt.Println(pub.(*webhook).sent[0])
 	// Output: POST https://hooks.example.com/order key=order-7 {"total":12}
 }

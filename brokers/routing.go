@@ -8,7 +8,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// Routing maps an event type to a topic. Rules are tried in this order:
+// Routing maps an event type to a topic, for events whose producer named
+// none (core.Event.Topic). Rules are tried in this order:
 // an exact entry in Types, the longest matching entry in Prefixes, the fixed
 // Fixed topic, and then the part of the type before its first dot, as
 // "order.placed" goes to "order".
@@ -38,10 +39,15 @@ func (r *Routing) Validate() error {
 	return nil
 }
 
-// Topic resolves the topic of e. A type with no rule and no dot has no
-// route: the error wraps ErrNoRoute and is permanent, since retrying the
-// same event cannot change the answer until the rules change.
+// Topic resolves the topic of e: the topic the producer set on the event,
+// or else the rules' choice for its type, with TopicPrefix before either.
+// A type with no rule and no dot has no route: the error wraps ErrNoRoute
+// and is permanent, since retrying the same event cannot change the answer
+// until the rules change.
 func (r *Routing) Topic(e *core.Event) (string, error) {
+	if e.Topic != "" {
+		return r.TopicPrefix + e.Topic, nil
+	}
 	t, ok := r.resolve(e.Type)
 	if !ok {
 		return "", core.Permanent(fmt.Errorf("event type %q: %w (add a routing rule)", e.Type, ErrNoRoute))

@@ -3,27 +3,54 @@ package core
 import (
 	"context"
 	"errors"
+	"regexp"
+	"strings"
 	"time"
 )
 
 // Header names the relay sets on every published message.
 const (
-	HeaderEventUID    = "event_uid"    // identity unique across outboxes; consumers dedupe on it
-	HeaderEventID     = "event_id"     // row id in the outbox table
+	HeaderEventID     = "event_id"     // the event's identity, unique across outboxes; consumers dedupe on it
+	HeaderEventSeq    = "event_seq"    // the event's position in its outbox table
 	HeaderType        = "type"         // event type, such as "order.placed"
 	HeaderAggregateID = "aggregate_id" // ordering and partition key
+	HeaderContentType = "content-type" // the payload's media type; also in each broker's own place for it
+
+	// HeaderEventUID carries the event id too, under the name releases
+	// before migration 5 used, for consumers that still read it. Those
+	// releases put the row position in event_id.
+	HeaderEventUID = "event_uid"
 )
 
 // Event is one row of the outbox as the relay sees it.
 type Event struct {
-	ID          int64             // outbox row id; increases in commit order per aggregate
-	UID         string            // identity unique across outboxes (a UUID)
-	AggregateID string            // ordering key
+	Seq         int64             // position in the outbox table (column seq); increases in commit order per aggregate
+	ID          string            // identity unique across outboxes (column event_id, a UUID)
+	AggregateID string            // ordering and partition key, any string
 	Type        string            // such as "order.placed"
-	Payload     []byte            // the JSON bytes exactly as written by the producer
+	Payload     []byte            // the bytes exactly as written by the producer
+	ContentType string            // the payload's media type; empty means application/json
+	Topic       string            // set by the producer; empty leaves the topic to the routing rules
 	Headers     map[string]string // the event's own headers (trace context among them)
 	CreatedAt   time.Time
 	Attempts    int // failed publish attempts so far
+}
+
+// ContentTypeJSON is the content type of an event that names none.
+const ContentTypeJSON = "application/json"
+
+// jsonType matches the media types whose payloads are JSON.
+var jsonType = regexp.MustCompile(`^(application/json|[^/]+/[^/]+\+json)$`)
+
+// IsJSON reports whether content type ct is JSON: empty (the default,
+// application/json), application/json, or any type ending in +json, with
+// or without parameters.
+func IsJSON(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, _ := strings.Cut(ct, ";")
+	return jsonType.MatchString(strings.ToLower(strings.TrimSpace(mt)))
 }
 
 // Store is where the relay finds committed events. Implementations must make
@@ -34,16 +61,16 @@ type Store interface {
 	// valid. In ordered mode the store returns an event only when every
 	// earlier pending event of its aggregate is in the same claim or in
 	// req.InFlight.
-	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+	Claim(ctx context.Context, req ClaimOptions) (Claim, error)
 }
 
-// ClaimRequest says how many events to claim and whether order matters.
-type ClaimRequest struct {
+// ClaimOptions says how many events to claim and whether order matters.
+type ClaimOptions struct {
 	Limit     int
 	Unordered bool
-	// InFlight lists events the caller holds in its own open claims and
-	// publishes, in order, before any event of their aggregates that this
-	// claim returns. In ordered mode they count as part of this claim for
+	// InFlight lists the seqs of events the caller holds in its own open
+	// claims and publishes, in order, before any event of their aggregates
+	// that this claim returns. In ordered mode they count as part of this claim for
 	// the gate, so a relay can claim the next events of an aggregate while
 	// earlier ones are still on their way. Events whose publish failed do
 	// not belong here: left out, they hold their aggregate back. Events of
@@ -88,7 +115,7 @@ type Rejection struct {
 
 // Failure is a failed publish to record against an event.
 type Failure struct {
-	ID     int64
+	Seq    int64
 	Reason string
 	// RetryAt is when the event may be claimed again. The zero time holds the
 	// event until an operator retries or parks it (a permanent failure).

@@ -124,7 +124,7 @@ func (l *lanes) startClaim() (seq uint64, inFlight []int64) {
 			switch b.states[i] {
 			case stQueued, stPublishing, stPublished:
 				if !l.stalled[b.events[i].AggregateID] {
-					inFlight = append(inFlight, b.events[i].ID)
+					inFlight = append(inFlight, b.events[i].Seq)
 				}
 			}
 		}

@@ -21,7 +21,7 @@ type truncatedClaim struct{ core.Claim }
 
 func (truncatedClaim) Truncated() bool { return true }
 
-func (s *truncatingStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *truncatingStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	s.claims.Add(1)
 	c, err := s.Store.Claim(ctx, req)
 	if err != nil {

@@ -51,8 +51,13 @@ type Options struct {
 	// 250ms; each ping is bounded by ProbeTimeout (default 2s).
 	ProbeInterval time.Duration
 	ProbeTimeout  time.Duration
-	Logger        *slog.Logger // default: discard
-	Observer      Observer     // default: none
+	// StaleAfter is how long the relay may go without completing a cycle
+	// before Ready reports it; default 2 x PublishTimeout (a batch whose
+	// publishes time out, then its record) plus 3 x PollInterval, and at
+	// least 30s.
+	StaleAfter time.Duration
+	Logger     *slog.Logger // default: discard
+	Observer   Observer     // default: none
 }
 
 // Upper bounds of the relay's sizes: past them a relay holds more
@@ -83,6 +88,7 @@ func (o Options) WithDefaults() (Options, error) {
 		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
 		{"ProbeInterval", "not negative", o.ProbeInterval < 0},
 		{"ProbeTimeout", "not negative", o.ProbeTimeout < 0},
+		{"StaleAfter", "not negative", o.StaleAfter < 0},
 		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
 		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
 	}
@@ -109,6 +115,7 @@ func (o Options) WithDefaults() (Options, error) {
 	defDur(&o.ShutdownTimeout, 30*time.Second)
 	defDur(&o.ProbeInterval, 250*time.Millisecond)
 	defDur(&o.ProbeTimeout, 2*time.Second)
+	defDur(&o.StaleAfter, max(2*o.PublishTimeout+3*o.PollInterval, 30*time.Second))
 	if o.RetryBackoff == (Backoff{}) {
 		o.RetryBackoff = Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
 	}
@@ -137,6 +144,7 @@ type Relay struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	progress atomic.Int64 // unix nanos of the last cycle that reached the store
+	startAt  atomic.Int64 // unix nanos of Start; Ready's grace before the first cycle
 
 	// Set up by loop: the queues, a slot per open claim, the open batches
 	// and how the recorded ones went.
@@ -200,6 +208,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		return errors.New("start relay: already started")
 	}
 	r.started = true
+	r.startAt.Store(time.Now().UnixNano())
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancelWork = cancel
 	r.done = make(chan struct{})
@@ -344,8 +353,8 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		switch next {
 		case again:
 			continue
-		case soon:
-			wait = min(wait, contendedPause)
+		case truncated:
+			wait = min(wait, truncatedPause)
 		}
 		if !r.sleep(ctx, wait, true) {
 			return
@@ -395,15 +404,16 @@ const stallAfter = time.Second
 type pace int
 
 const (
-	idle  pace = iota // caught up: wait for a wake-up or the poll interval
-	again             // a full batch: more is waiting, claim at once
-	soon              // the store held events back for other relays' claims
+	idle      pace = iota // caught up: wait for a wake-up or the poll interval
+	again                 // a full batch: more is waiting, claim at once
+	truncated             // the claim left pending events out (core.Truncated)
 )
 
-// contendedPause is the wait after a claim the store cut short because
-// other relays held earlier events of the same aggregates: long enough not
-// to spin on their locks, short next to a batch's publish time.
-const contendedPause = 20 * time.Millisecond
+// truncatedPause is the wait after a truncated claim: the store left
+// events out because other relays held earlier events of their aggregates
+// (or the claim reached its byte limit). Long enough not to spin on their
+// locks, short next to a batch's publish time.
+const truncatedPause = 20 * time.Millisecond
 
 // sleep waits d, or less when woken (if wakeable); false means stop.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool {
@@ -500,7 +510,7 @@ func (r *Relay) probe(ctx context.Context) error {
 func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err error) {
 	seq, inFlight := r.lanes.startClaim()
 	start := time.Now()
-	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered, InFlight: inFlight})
+	claim, err := r.store.Claim(ctx, ClaimOptions{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered, InFlight: inFlight})
 	if err != nil {
 		r.obs.Errored("claim", err)
 		return idle, false, fmt.Errorf("claim batch: %w", err)
@@ -513,7 +523,7 @@ func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err err
 	case len(events)+len(rejected) >= r.opts.BatchSize:
 		next = again
 	case isTruncated(claim) || len(rejected) > 0:
-		next = soon
+		next = truncated
 	}
 	if len(events) == 0 && len(rejected) == 0 {
 		if err := claim.Release(ctx); err != nil {
@@ -525,7 +535,7 @@ func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err err
 	}
 	r.progress.Store(time.Now().UnixNano())
 	for _, rej := range rejected {
-		r.log.Warn("event held: the row cannot be relayed", "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
+		r.log.Warn("event held: the row cannot be relayed", "event_seq", rej.Event.Seq, "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
 	}
 	b := &batch{seq: seq, claim: claim, events: events, rejected: rejected,
 		states: make([]state, len(events)), errs: make([]error, len(events)), remaining: len(events)}
@@ -556,7 +566,7 @@ func (r *Relay) work(ctx context.Context) {
 		// Cancelled by a hard stop: not the event's fault; leave it pending.
 		cancelled := err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err())
 		if err != nil && !cancelled {
-			r.log.Warn("publish failed", "event_id", e.ID, "event_uid", e.UID, "aggregate_id", e.AggregateID,
+			r.log.Warn("publish failed", "event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID,
 				"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
 		}
 		r.lanes.finish(it, err, cancelled)
@@ -573,10 +583,10 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	for i, st := range b.states {
 		switch st {
 		case stPublished:
-			done = append(done, b.events[i].ID)
+			done = append(done, b.events[i].Seq)
 		case stFailed:
 			err := b.errs[i]
-			f := Failure{ID: b.events[i].ID, Reason: err.Error()}
+			f := Failure{Seq: b.events[i].Seq, Reason: err.Error()}
 			if !IsPermanent(err) {
 				f.RetryAt = now.Add(r.opts.RetryBackoff.Delay(b.events[i].Attempts))
 			}
@@ -586,7 +596,7 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	for _, rej := range b.rejected {
 		err := Permanent(fmt.Errorf("cannot relay row: %w", rej.Err))
 		r.obs.Rejected(&rej.Event, err)
-		failed = append(failed, Failure{ID: rej.Event.ID, Reason: err.Error()})
+		failed = append(failed, Failure{Seq: rej.Event.Seq, Reason: err.Error()})
 	}
 	// A hard stop cancelled ctx; still record what reached the broker, so
 	// it is not published again.

@@ -43,7 +43,7 @@ func (l *log) ids() []int64 {
 	defer l.mu.Unlock()
 	out := make([]int64, len(l.evs))
 	for i, e := range l.evs {
-		out[i] = e.ID
+		out[i] = e.Seq
 	}
 	return out
 }
@@ -56,7 +56,7 @@ type countingStore struct {
 	claims atomic.Int64
 }
 
-func (s *countingStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *countingStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	s.claims.Add(1)
 	return s.Store.Claim(ctx, req)
 }
@@ -212,7 +212,7 @@ func TestTransientFailureRetriedWithBackoff(t *testing.T) {
 		attempts  []int
 	)
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		if e.ID == failing {
+		if e.Seq == failing {
 			mu.Lock()
 			defer mu.Unlock()
 			attempts = append(attempts, e.Attempts)
@@ -264,7 +264,7 @@ func TestPermanentFailureHoldsOnlyItsAggregate(t *testing.T) {
 	var reject atomic.Bool
 	reject.Store(true)
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		if e.ID == poison && reject.Load() {
+		if e.Seq == poison && reject.Load() {
 			return core.Permanent(errors.New("message too large"))
 		}
 		published.add(e)

@@ -25,7 +25,7 @@ type gatedStore struct {
 	inFlight   atomic.Int64 // claims that listed events in flight and got events
 }
 
-func (s *gatedStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *gatedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	c, err := s.Store.Claim(ctx, req)
 	if err != nil {
 		return nil, err
@@ -92,7 +92,7 @@ func TestClaimsWhileLanesPublish(t *testing.T) {
 	slow := make(chan struct{})
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		if e.ID == first {
+		if e.Seq == first {
 			select {
 			case <-slow:
 			case <-ctx.Done():
@@ -134,7 +134,7 @@ func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
 	var mu sync.Mutex
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
 		if e.AggregateID == "slow" {
-			if e.ID == slowIDs[0] {
+			if e.Seq == slowIDs[0] {
 				select {
 				case <-hang:
 				case <-ctx.Done():
@@ -142,7 +142,7 @@ func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
 				}
 			}
 			mu.Lock()
-			slowOrder = append(slowOrder, e.ID)
+			slowOrder = append(slowOrder, e.Seq)
 			mu.Unlock()
 		}
 		published.add(e)
@@ -191,7 +191,7 @@ type failStore struct {
 	completed  sync.Once
 }
 
-func (s *failStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *failStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	if !slices.Contains(req.InFlight, s.failing) {
 		return s.wrap(s.Store.Claim(ctx, req))
 	}
@@ -217,7 +217,7 @@ func (s *failStore) wrap(c core.Claim, err error) (core.Claim, error) {
 		return nil, err
 	}
 	for _, e := range c.Events() {
-		if e.ID == s.failing {
+		if e.Seq == s.failing {
 			return &failClaim{Claim: c, s: s}, nil
 		}
 	}
@@ -251,7 +251,7 @@ func TestFailureHoldsLaterClaimsOfItsAggregate(t *testing.T) {
 	var failedOnce atomic.Bool
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		if e.ID == st.failing && failedOnce.CompareAndSwap(false, true) {
+		if e.Seq == st.failing && failedOnce.CompareAndSwap(false, true) {
 			<-st.claiming // a claim counts this event in flight
 			close(st.failed)
 			return errors.New("broker timeout")

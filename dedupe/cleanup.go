@@ -15,6 +15,12 @@ import (
 // consumer reading from an old offset) runs again. Choose olderThan well
 // beyond the longest such horizon, in days rather than minutes.
 func (d *Deduper) Cleanup(ctx context.Context, olderThan time.Duration, batchSize int) (deleted int64, err error) {
+	return cleanup(ctx, olderThan, batchSize, func(ctx context.Context) (int64, error) {
+		return d.eng.processed.CleanupBatch(ctx, d.pool, d.eng.opts.Consumer, olderThan, batchSize)
+	})
+}
+
+func cleanup(ctx context.Context, olderThan time.Duration, batchSize int, batch func(ctx context.Context) (int64, error)) (deleted int64, err error) {
 	switch {
 	case olderThan <= 0:
 		return 0, fmt.Errorf("clean up processed events: olderThan %v must be positive", olderThan)
@@ -25,7 +31,7 @@ func (d *Deduper) Cleanup(ctx context.Context, olderThan time.Duration, batchSiz
 		if err := ctx.Err(); err != nil {
 			return deleted, fmt.Errorf("clean up processed events: %w", err)
 		}
-		n, err := d.processed.CleanupBatch(ctx, d.pool, d.opts.Consumer, olderThan, batchSize)
+		n, err := batch(ctx)
 		if err != nil {
 			return deleted, fmt.Errorf("clean up processed events: %w", err)
 		}

@@ -17,6 +17,10 @@
 //
 // Outside Watermill, Process gives the same guarantee for an event identity
 // the caller supplies.
+//
+// Handlers on database/sql (pgx's stdlib driver, lib/pq, sqlx, GORM...)
+// use NewSQL instead: the same Deduper over a *sql.DB, with *sql.Tx where
+// this one has pgx.Tx.
 package dedupe
 
 import (
@@ -96,14 +100,12 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// Deduper records processed events for one consumer. It is safe for
-// concurrent use, also by many processes sharing the database.
+// Deduper records processed events for one consumer, in pgx
+// transactions. It is safe for concurrent use, also by many processes
+// sharing the database. SQLDeduper is the same for database/sql.
 type Deduper struct {
 	pool *pgxpool.Pool
-	opts Options
-	log  *slog.Logger
-
-	processed *store.Processed
+	eng  *engine[pgx.Tx]
 }
 
 // New returns a Deduper over pool. The schema must have been migrated
@@ -112,23 +114,23 @@ func New(pool *pgxpool.Pool, opts Options) (*Deduper, error) {
 	if pool == nil {
 		return nil, errors.New("new deduper: pool is nil")
 	}
-	o, err := opts.withDefaults()
+	d := &Deduper{pool: pool}
+	eng, err := newEngine(opts, d, engineOps[pgx.Tx]{
+		// Read committed, whatever the server's default: the insert must
+		// wait for a concurrent duplicate and then see its outcome, where
+		// stricter levels fail it with a serialization error instead.
+		begin: func(ctx context.Context) (pgx.Tx, error) {
+			return pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		},
+		record:   (*store.Processed).Record,
+		commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+		rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("new deduper: %w", err)
 	}
-	processed, err := store.NewProcessed(o.Store)
-	if err != nil {
-		return nil, fmt.Errorf("new deduper: %w", err)
-	}
-	return &Deduper{pool: pool, opts: o, log: o.Logger.With("consumer", o.Consumer), processed: processed}, nil
-}
-
-type txKey struct{}
-
-type txValue struct {
-	tx      pgx.Tx
-	d       *Deduper
-	eventID string
+	d.eng = eng
+	return d, nil
 }
 
 // TxFromContext returns the transaction the event is being processed in:
@@ -136,17 +138,7 @@ type txValue struct {
 // set in the message context by Middleware and in the context Process
 // passes to its function.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	v, ok := ctx.Value(txKey{}).(txValue)
-	return v.tx, ok
-}
-
-// active reports whether ctx is already inside this Deduper's transaction
-// for eventID, as when Middleware and Handler wrap one handler: the inner one
-// must not start a second transaction, whose insert would wait forever on
-// the first's uncommitted row.
-func (d *Deduper) active(ctx context.Context, eventID string) (pgx.Tx, bool) {
-	v, ok := ctx.Value(txKey{}).(txValue)
-	return v.tx, ok && v.d == d && v.eventID == eventID
+	return txFrom[pgx.Tx](ctx)
 }
 
 // Process runs fn once per event identity for this consumer. It begins a
@@ -164,48 +156,5 @@ func (d *Deduper) Process(ctx context.Context, eventID string, fn func(ctx conte
 	if err := checkEventID(eventID); err != nil {
 		return false, fmt.Errorf("process event: %w", err)
 	}
-	return d.run(ctx, eventID, true, fn)
-}
-
-// run processes in one transaction; record=false skips the dedupe row.
-func (d *Deduper) run(ctx context.Context, eventID string, record bool, fn func(ctx context.Context, tx pgx.Tx) error) (applied bool, err error) {
-	if tx, ok := d.active(ctx, eventID); ok {
-		// Nested inside this Deduper's own transaction: already recorded,
-		// and committed or rolled back by the outer call.
-		err := fn(ctx, tx)
-		return err == nil, err
-	}
-	// Read committed, whatever the server's default: the insert must wait
-	// for a concurrent duplicate and then see its outcome, where stricter
-	// levels fail it with a serialization error instead.
-	tx, err := d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return false, fmt.Errorf("begin event %s: %w", eventID, err)
-	}
-	ended := false
-	defer func() {
-		// Also runs while a panic in fn unwinds.
-		if !ended {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	if record {
-		isNew, err := d.processed.Record(ctx, tx, d.opts.Consumer, eventID)
-		if err != nil {
-			return false, fmt.Errorf("event %s: %w", eventID, err)
-		}
-		if !isNew {
-			return false, nil
-		}
-	}
-	if err := fn(context.WithValue(ctx, txKey{}, txValue{tx: tx, d: d, eventID: eventID}), tx); err != nil {
-		return false, err
-	}
-	// An error here leaves the outcome unknown when the connection broke
-	// during the commit; the redelivery then finds the record or runs again.
-	ended = true
-	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("commit event %s: %w", eventID, err)
-	}
-	return true, nil
+	return d.eng.run(ctx, eventID, true, fn)
 }

@@ -2,6 +2,7 @@ package dedupe_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
@@ -117,9 +119,9 @@ func ExampleDeduper_Process() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	headers := map[string]string{core.HeaderEventUID: "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"}
+	headers := map[string]string{core.HeaderEventID: "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"}
 
-	applied, err := d.Process(context.Background(), headers[core.HeaderEventUID], func(ctx context.Context, tx pgx.Tx) error {
+	applied, err := d.Process(context.Background(), headers[core.HeaderEventID], func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, "order-42")
 		return err
 	})
@@ -153,7 +155,7 @@ func ExampleDeduper_Cleanup() {
 
 func ExampleEventID() {
 	msg := message.NewMessage(watermill.NewUUID(), nil)
-	msg.Metadata.Set(core.HeaderEventUID, "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b")
+	msg.Metadata.Set(core.HeaderEventID, "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b")
 	id, err := dedupe.EventID(msg)
 	fmt.Println(id, err)
 
@@ -162,4 +164,25 @@ func ExampleEventID() {
 	// Output:
 	// 0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b <nil>
 	// true
+}
+
+// A handler on database/sql gets the same once-per-event guarantee with a
+// *sql.Tx: its writes and the dedupe record commit together.
+func ExampleNewSQL() {
+	db, err := sql.Open("pgx", "postgres://localhost/shop") // or lib/pq's "postgres"
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	d, err := dedupe.NewSQL(db, dedupe.Options{Consumer: "invoicing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var router *message.Router
+	var sub message.Subscriber
+	router.AddConsumerHandler("invoice", "order", sub, d.NoPublishHandler(
+		func(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, msg.Metadata.Get(core.HeaderAggregateID))
+			return err
+		}))
 }

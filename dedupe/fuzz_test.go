@@ -41,7 +41,7 @@ func FuzzEventID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, value string, present bool) {
 		msg := message.NewMessage("message-uuid", nil)
 		if present {
-			msg.Metadata.Set(core.HeaderEventUID, value)
+			msg.Metadata.Set(core.HeaderEventID, value)
 		}
 		id, err := dedupe.EventID(msg)
 		if err != nil {

@@ -279,7 +279,7 @@ func orderEvent(points int64) (*core.Event, string) {
 	customer := uuid.NewString()
 	payload, _ := json.Marshal(orderPlaced{CustomerID: customer, Points: points})
 	return &core.Event{
-		ID: 1, UID: uuid.NewString(), AggregateID: uuid.NewString(),
+		Seq: 1, ID: uuid.NewString(), AggregateID: uuid.NewString(),
 		Type: "order.placed", Payload: payload,
 	}, customer
 }

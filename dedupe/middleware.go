@@ -23,20 +23,29 @@ var ErrNoEventID = errors.New("no usable event identity")
 const MaxEventIDBytes = 200
 
 // EventID returns the event identity the relay put in msg's metadata
-// (header core.HeaderEventUID). A missing, empty, over-long or malformed
+// (header core.HeaderEventID). A missing, empty, over-long or malformed
 // value is an error wrapping ErrNoEventID. The message UUID is not used as
 // a fallback: a publisher other than the relay may generate a new one for
 // every send, which would make duplicates look new.
+//
+// Header core.HeaderEventUID wins when present: relays before migration 5
+// sent the identity there and the row position in event_id, and later
+// relays send both with the same value, so a message relayed again after
+// an upgrade keeps its key.
 func EventID(msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", fmt.Errorf("%w: message is nil", ErrNoEventID)
 	}
-	id, ok := msg.Metadata[core.HeaderEventUID]
+	name := core.HeaderEventUID
+	id, ok := msg.Metadata[name]
 	if !ok {
-		return "", fmt.Errorf("%w: header %q is missing", ErrNoEventID, core.HeaderEventUID)
+		name = core.HeaderEventID
+		if id, ok = msg.Metadata[name]; !ok {
+			return "", fmt.Errorf("%w: header %q is missing", ErrNoEventID, core.HeaderEventID)
+		}
 	}
 	if err := checkEventID(id); err != nil {
-		return "", fmt.Errorf("header %q: %w", core.HeaderEventUID, err)
+		return "", fmt.Errorf("header %q: %w", name, err)
 	}
 	return id, nil
 }
@@ -66,44 +75,7 @@ func checkEventID(id string) error {
 // on its own: that publish is not atomic with the database, and a crash
 // between the two loses them. Writing the next event with outbox.Writer on
 // the transaction instead commits it together with the handler's effects.
-func (d *Deduper) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		ctx := msg.Context()
-		id, idErr := EventID(msg)
-		if _, ok := d.active(ctx, id); ok {
-			return h(msg) // an inner wrapper of the same Deduper
-		}
-		record := true
-		if idErr != nil {
-			d.log.ErrorContext(ctx, "message without event identity",
-				"message_uuid", msg.UUID,
-				"handler", message.HandlerNameFromCtx(ctx),
-				"topic", message.SubscribeTopicFromCtx(ctx),
-				"policy", d.opts.MissingID.String(),
-				"error", idErr)
-			if d.opts.MissingID == Reject {
-				return nil, fmt.Errorf("dedupe message %s: %w", msg.UUID, idErr)
-			}
-			record = false
-		}
-		var out []*message.Message
-		applied, err := d.run(ctx, id, record, func(txCtx context.Context, _ pgx.Tx) error {
-			msg.SetContext(txCtx)
-			defer msg.SetContext(ctx)
-			var err error
-			out, err = h(msg)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		if !applied {
-			d.log.DebugContext(ctx, "skipped duplicate event", "event_uid", id, "message_uuid", msg.UUID)
-			return nil, nil
-		}
-		return out, nil
-	}
-}
+func (d *Deduper) Middleware(h message.HandlerFunc) message.HandlerFunc { return d.eng.middleware(h) }
 
 // TxHandlerFunc handles one message in the dedupe transaction.
 type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error)

@@ -462,7 +462,7 @@ func TestMissingEventID(t *testing.T) {
 		select {
 		case msg := <-poisoned:
 			msg.Ack()
-			if reason := msg.Metadata.Get(middleware.ReasonForPoisonedKey); !strings.Contains(reason, "event_uid") {
+			if reason := msg.Metadata.Get(middleware.ReasonForPoisonedKey); !strings.Contains(reason, "event_id") {
 				t.Errorf("poison reason %q does not name the header", reason)
 			}
 		case <-time.After(waitFor):
@@ -527,4 +527,23 @@ func TestMissingEventID(t *testing.T) {
 			t.Errorf("want one error logged per message; log:\n%s", s)
 		}
 	})
+}
+
+// The key is the same for a message from a relay before migration 5
+// (event_id held the row position, event_uid the identity), one from a
+// relay after it (both hold the identity) and one from another producer
+// that sends only event_id.
+func TestEventIDAcrossRelayVersions(t *testing.T) {
+	const uid = "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"
+	for name, md := range map[string]message.Metadata{
+		"before migration 5": {core.HeaderEventID: "41", core.HeaderEventUID: uid},
+		"after migration 5":  wm.Message(&core.Event{Seq: 41, ID: uid, AggregateID: "a", Type: "t.x"}).Metadata,
+		"event_id only":      {core.HeaderEventID: uid},
+	} {
+		msg := message.NewMessage(watermill.NewUUID(), nil)
+		msg.Metadata = md
+		if got, err := dedupe.EventID(msg); err != nil || got != uid {
+			t.Errorf("%s: EventID = %q, %v; want %q", name, got, err, uid)
+		}
+	}
 }

@@ -3,6 +3,7 @@
 # then stops them. Existing servers are used instead when named:
 #   OUTBOX_TEST_DATABASE_URL  postgres://user:pass@host:port/db
 #   OUTBOX_TEST_AMQP_URL      amqp://user:pass@host:port/   (or "none" to skip RabbitMQ)
+#   OUTBOX_TEST_CHROMIUM      a Chromium or Chrome binary, with --chromium (the console's browser test)
 # With OUTBOX_SERVICES_ENV set to a file name, the variables are also written
 # there (for a shell that keeps servers running: scripts/services.sh sleep 3600 &).
 # Missing server packages are installed with apt-get when running as root.
@@ -11,13 +12,14 @@
 # full_page_writes on, as PostgreSQL ships), for benchmarks; then
 # OUTBOX_TEST_DATABASE_URL is not used (it usually names a test server with
 # fsync off) and OUTBOX_DURABLE_DATABASE_URL may name a durable server.
-# Usage: scripts/services.sh [--no-rabbitmq] [--durable] command args...
+# Usage: scripts/services.sh [--no-rabbitmq] [--chromium] [--durable] command args...
 set -euo pipefail
 
-want_rabbit=1 durable=0
-while [ $# -gt 0 ]; do
-  case "$1" in
+want_rabbit=1 want_chromium=0 durable=0
+while :; do
+  case "${1:-}" in
     --no-rabbitmq) want_rabbit=0; shift ;;
+    --chromium) want_chromium=1; shift ;;
     --durable) durable=1; shift ;;
     *) break ;;
   esac
@@ -87,15 +89,17 @@ start_postgres() {
   # fsync off: a throwaway server; commits stay synchronous so a restart
   # of the server keeps every acknowledged commit. --durable states the
   # shipped settings explicitly, so a changed default cannot creep in.
+  # wal_level=logical and the slots and senders for the log relay's tests,
+  # which run in parallel, each with a slot of its own.
   local durability="-c fsync=off -c full_page_writes=off"
   [ "$durable" = 1 ] && durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
   as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -l "$tmp/pgsock/pg.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock $durability -c max_connections=300" \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock $durability -c max_connections=300 -c wal_level=logical -c max_replication_slots=40 -c max_wal_senders=40" \
     start >/dev/null || { cat "$tmp/pgsock/pg.log" >&2; exit 1; }
   pg_started=1
   "$pgbin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE outbox_test" >/dev/null
   export OUTBOX_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/outbox_test?sslmode=disable"
-  export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg"
+  export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg" OUTBOX_TEST_WAL_LEVEL=logical
   local kind="fsync off"
   [ "$durable" = 1 ] && kind="production durability"
   log "PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port ($kind)"
@@ -134,6 +138,23 @@ start_rabbitmq() {
   log "RabbitMQ on 127.0.0.1:$port"
 }
 
+# The browser the console's test drives: one on PATH, else Debian's
+# chromium. Without root and without a browser the test skips (fails in CI).
+find_chromium() {
+  if [ -n "${OUTBOX_TEST_CHROMIUM:-}" ]; then return; fi
+  local c
+  for c in chromium chromium-browser google-chrome; do
+    if command -v "$c" >/dev/null; then export OUTBOX_TEST_CHROMIUM; OUTBOX_TEST_CHROMIUM=$(command -v "$c"); return; fi
+  done
+  if [ "$(id -u)" != 0 ]; then
+    log "chromium is not installed and this is not root: the console's browser test will not run"
+    return
+  fi
+  apt_install chromium
+  export OUTBOX_TEST_CHROMIUM; OUTBOX_TEST_CHROMIUM=$(command -v chromium)
+  log "chromium $("$OUTBOX_TEST_CHROMIUM" --version 2>/dev/null | awk '{print $2}') for the browser test"
+}
+
 if [ "$durable" = 1 ]; then
   if [ -n "${OUTBOX_DURABLE_DATABASE_URL:-}" ]; then
     export OUTBOX_TEST_DATABASE_URL="$OUTBOX_DURABLE_DATABASE_URL"
@@ -143,6 +164,7 @@ if [ "$durable" = 1 ]; then
 elif [ -z "${OUTBOX_TEST_DATABASE_URL:-}" ]; then
   start_postgres
 fi
+if [ "$want_chromium" = 1 ]; then find_chromium; fi
 if [ "$want_rabbit" = 1 ] && [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then start_rabbitmq; fi
 
 if [ -n "${OUTBOX_SERVICES_ENV:-}" ]; then

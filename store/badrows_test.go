@@ -27,8 +27,8 @@ type rawRow struct {
 func insertRaw(ctx context.Context, t testing.TB, pool *pgxpool.Pool, table string, r rawRow) (int64, error) {
 	t.Helper()
 	var id int64
-	err := pool.QueryRow(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, headers)
-VALUES ($1, $2, $3, $4::json, $5::jsonb) RETURNING id`, uuid.NewString(), r.agg, r.typ, r.payload, r.headers).Scan(&id)
+	err := pool.QueryRow(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, headers)
+VALUES ($1, $2, $3, $4::json, $5::jsonb) RETURNING seq`, uuid.NewString(), r.agg, r.typ, r.payload, r.headers).Scan(&id)
 	return id, err
 }
 
@@ -44,7 +44,7 @@ func (s *sink) Publish(_ context.Context, e *core.Event) error {
 	if s.got == nil {
 		s.got = map[int64]core.Event{}
 	}
-	s.got[e.ID] = *e
+	s.got[e.Seq] = *e
 	return nil
 }
 
@@ -67,7 +67,7 @@ type rejectCounter struct {
 func (c *rejectCounter) Rejected(e *core.Event, _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.rejected = append(c.rejected, e.ID)
+	c.rejected = append(c.rejected, e.Seq)
 }
 
 func (c *rejectCounter) count() int {
@@ -161,13 +161,13 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 				if n := obs.count(); n != 1 {
 					t.Errorf("observer saw %d rejections, want 1 (a held row is not claimed again)", n)
 				}
-				stuck, err := s.Stuck(ctx, store.StuckQuery{})
+				stuck, err := s.Stuck(ctx, store.StuckOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
 				var found bool
 				for _, e := range stuck {
-					if e.ID == badID {
+					if e.Seq == badID {
 						found = true
 						if !e.Held || !strings.Contains(e.LastError, tc.reason) || !strings.Contains(e.LastError, "cannot relay row") {
 							t.Errorf("stuck lists the bad row as held=%v reason %q; want held, reason containing %q", e.Held, e.LastError, tc.reason)
@@ -181,10 +181,10 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 					t.Fatalf("stuck does not list the bad row: %+v", stuck)
 				}
 				// An operator fixes the row and retries it: both go out in order.
-				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET type = 'a.b', headers = NULL, payload = '{}' WHERE id = $1`, badID); err != nil {
+				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET type = 'a.b', headers = NULL, payload = '{}' WHERE seq = $1`, badID); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := s.Retry(ctx, store.Selector{IDs: []int64{badID}}); err != nil {
+				if _, err := s.Retry(ctx, store.Selector{Seqs: []int64{badID}}); err != nil {
 					t.Fatal(err)
 				}
 				waitFor(t, "the fixed row and the one behind it", func() bool { return pub.has(badID) && pub.has(behind) })
@@ -216,7 +216,7 @@ func TestClaimBoundedByBytes(t *testing.T) {
 		if claims > 10 {
 			t.Fatalf("ten rows took more than ten claims")
 		}
-		c, err := s.Claim(ctx, core.ClaimRequest{Limit: 500})
+		c, err := s.Claim(ctx, core.ClaimOptions{Limit: 500})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -232,7 +232,7 @@ func TestClaimBoundedByBytes(t *testing.T) {
 			if len(e.Payload) != len(big) {
 				t.Fatalf("payload of %d bytes, want %d", len(e.Payload), len(big))
 			}
-			ids[i] = e.ID
+			ids[i] = e.Seq
 		}
 		if err := c.Complete(ctx, ids, nil); err != nil {
 			t.Fatal(err)

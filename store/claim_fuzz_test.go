@@ -86,7 +86,7 @@ func FuzzClaimRows(f *testing.F) {
 			if round > 10 {
 				t.Fatal("four rows took more than ten claims")
 			}
-			c, err := s.Claim(ctx, core.ClaimRequest{Limit: 10})
+			c, err := s.Claim(ctx, core.ClaimOptions{Limit: 10})
 			if err != nil {
 				t.Fatalf("claim failed on a row's content: %v", err)
 			}
@@ -99,13 +99,13 @@ func FuzzClaimRows(f *testing.F) {
 			}
 			var done []int64
 			for _, e := range c.Events() {
-				published[e.ID] = e
-				done = append(done, e.ID)
+				published[e.Seq] = e
+				done = append(done, e.Seq)
 			}
 			var failed []core.Failure
 			for _, r := range rej {
-				held[r.Event.ID] = r.Err.Error()
-				failed = append(failed, core.Failure{ID: r.Event.ID, Reason: "cannot relay row: " + r.Err.Error()})
+				held[r.Event.Seq] = r.Err.Error()
+				failed = append(failed, core.Failure{Seq: r.Event.Seq, Reason: "cannot relay row: " + r.Err.Error()})
 			}
 			if err := c.Complete(ctx, done, failed); err != nil {
 				t.Fatal(err)
@@ -139,7 +139,7 @@ func FuzzClaimRows(f *testing.F) {
 			t.Fatalf("row behind the fuzzed one: published %v, want %v as the fuzzed row", behindOut, out)
 		}
 		var n int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE dispatched_at IS NOT NULL OR retry_at = 'infinity' OR id = $1", behind).Scan(&n); err != nil || n != 4 {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE dispatched_at IS NOT NULL OR retry_at = 'infinity' OR seq = $1", behind).Scan(&n); err != nil || n != 4 {
 			t.Fatalf("%d of 4 rows accounted for (dispatched, held, or waiting behind): %v", n, err)
 		}
 	})

@@ -104,8 +104,13 @@ func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 type names struct {
 	Schema, Outbox, Processed, Migrations              string
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
-	UIDIdx, TypeCheck, HeadersCheck, NotifyTrigger     string
-	UIDFunc, NotifyFunc                                string
+	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
+	EventIDFunc, NotifyFunc                            string
+	KeyCheck, PayloadCheck, ContentTypeCheck           string // migration 7
+	TopicCheck, DeliverCheck, ReservedCheck            string
+	WriteFunc, ScheduleFunc, ScheduleTrigger           string
+	HandoffView, HandoffIdx                            string // migration 8: the log relay's table path
+	FailedIdx                                          string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -120,13 +125,26 @@ func (c Config) names() names {
 		AggregateIdx:   ident(c.Table + "_pending_agg"),
 		RetryIdx:       ident(c.Table + "_retrying"),
 		ProcessedAtIdx: ident(c.ProcessedTable + "_at"),
-		UIDIdx:         ident(c.Table + "_uid"),
+		EventIDIdx:     ident(c.Table + "_uid"), // named before migration 5 renamed the column
 		TypeCheck:      ident(c.Table + "_type_check"),
 		HeadersCheck:   ident(c.Table + "_headers_check"),
 		NotifyTrigger:  ident(c.Table + "_notify"),
-		UIDFunc:        ident(c.Schema, c.Table+"_uuidv7"),
+		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
 		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
-		Channel:        c.NotifyChannel,
-		ChannelLiteral: "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
+		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
+		HandoffIdx:     ident(c.Table + "_handoff_agg"),
+		FailedIdx:      ident(c.Table + "_failed"),
+
+		KeyCheck:         ident(c.Table + "_key_check"),
+		PayloadCheck:     ident(c.Table + "_payload_check"),
+		ContentTypeCheck: ident(c.Table + "_ctype_check"),
+		TopicCheck:       ident(c.Table + "_topic_check"),
+		DeliverCheck:     ident(c.Table + "_deliver_check"),
+		ReservedCheck:    ident(c.Table + "_reserved_check"),
+		WriteFunc:        ident(c.Schema, c.Table+"_write"),
+		ScheduleFunc:     ident(c.Schema, c.Table+"_schedule"),
+		ScheduleTrigger:  ident(c.Table + "_schedule"),
+		Channel:          c.NotifyChannel,
+		ChannelLiteral:   "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
 	}
 }

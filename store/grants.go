@@ -17,12 +17,15 @@ import (
 type Roles struct {
 	// Relay claims, marks and, for retention, deletes events: SELECT,
 	// UPDATE and DELETE on the outbox and SELECT on its migrations table
-	// (the schema check at start-up). Operator commands (stuck, retry,
-	// park, replay, cleanup) work under it too.
+	// (the schema check at start-up). For relay.mode log it also gets
+	// SELECT and UPDATE on the handoff view (migration 8), and INSERT on
+	// the outbox with USAGE on its seq sequence, to hand log-only events
+	// to the table. Operator commands (stuck, retry, park, replay,
+	// cleanup) work under it too.
 	Relay string
-	// Producer only inserts events: INSERT on the outbox, USAGE on its id
-	// sequence and EXECUTE on the uid default's function. It cannot read
-	// payloads back.
+	// Producer only inserts events: INSERT on the outbox, USAGE on its seq
+	// sequence and EXECUTE on the event_id default's function and on the
+	// write function (migration 7). It cannot read payloads back.
 	Producer string
 	// Consumer records processed events for deduplication: SELECT, INSERT,
 	// UPDATE and DELETE on the processed table. UPDATE is there for the row
@@ -65,12 +68,20 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			grant("SELECT, UPDATE, DELETE", "TABLE "+n.Processed, r.Relay)
 		}
 		grant("SELECT", "TABLE "+n.Migrations, r.Relay)
+		// relay.mode log: the table path claims through the handoff view,
+		// and the log relay inserts log-only events it hands to the table.
+		grant("SELECT, UPDATE", "TABLE "+n.HandoffView, r.Relay)
+		grant("INSERT", "TABLE "+n.Outbox, r.Relay)
+		grant("USAGE", "SEQUENCE "+seq, r.Relay)
 	}
 	if r.Producer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Producer)
 		grant("INSERT", "TABLE "+n.Outbox, r.Producer)
 		grant("USAGE", "SEQUENCE "+seq, r.Producer)
-		grant("EXECUTE", "FUNCTION "+n.UIDFunc+"()", r.Producer) // the uid default
+		grant("EXECUTE", "FUNCTION "+n.EventIDFunc+"()", r.Producer) // the event_id default
+		for _, payload := range []string{"bytea", "text", "json", "jsonb"} {
+			grant("EXECUTE", "FUNCTION "+n.WriteFunc+"(text, text, "+payload+", jsonb, text, text, timestamptz, uuid)", r.Producer)
+		}
 	}
 	if r.Consumer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Consumer)

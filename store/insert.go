@@ -2,20 +2,31 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/hex"
 	"fmt"
+	"strings"
+	"time"
 )
 
 // Insert is the producer's statement: any number of rows in one statement
 // and one round trip. The table's trigger (migration 4) sends the NOTIFY
 // that wakes relays, so the statement does not.
-type Insert struct{ sql string }
+type Insert struct{ pgx, std string }
 
-// InsertRows are the columns of the rows to insert, one entry per row.
-// Payloads must be JSON and Headers JSON objects of strings (nil for none);
-// the caller has checked them.
+// InsertRows are the columns of the rows to insert, one entry per row in
+// every slice. Payloads holds JSON payloads and Bytes all others, one of
+// the two set per row; ContentTypes, Topics, DeliverAt and Headers are nil
+// per row for none (or nil as a whole when no row has one). Headers are
+// JSON objects of strings. The caller has checked every value.
 type InsertRows struct {
-	UIDs, AggregateIDs, Types, Payloads []string
-	Headers                             []*string
+	IDs, AggregateIDs, Types []string
+	Payloads                 []*string
+	Bytes                    [][]byte
+	ContentTypes, Topics     []*string
+	DeliverAt                []*time.Time
+	Headers                  []*string
 }
 
 // NewInsert prepares the insert into the outbox cfg names.
@@ -24,14 +35,104 @@ func NewInsert(cfg Config) (*Insert, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Insert{sql: `INSERT INTO ` + cfg.names().Outbox + ` (uid, aggregate_id, type, payload, headers)
-SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5::text[]::jsonb[])`}, nil
+	head := `INSERT INTO ` + cfg.names().Outbox + ` (event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, deliver_at, headers)
+SELECT * FROM unnest(`
+	// pgx sends arrays in binary. database/sql drivers differ in what they
+	// accept for an array, so that form sends each as the text of an array
+	// literal, which every driver passes as a string.
+	return &Insert{
+		pgx: head + `$1::uuid[], $2::text[], $3::text[], $4::text[]::json[], $5::bytea[], $6::text[], $7::text[], $8::timestamptz[], $9::text[]::jsonb[])`,
+		std: head + `$1::text::uuid[], $2::text::text[], $3::text::text[], $4::text::json[], $5::text::bytea[], $6::text::text[],
+    $7::text::text[], $8::text::timestamptz[], $9::text::jsonb[])`,
+	}, nil
 }
 
 // Exec inserts rows with tx, usually the caller's own transaction.
 func (i *Insert) Exec(ctx context.Context, tx Execer, rows InsertRows) error {
-	if _, err := tx.Exec(ctx, i.sql, rows.UIDs, rows.AggregateIDs, rows.Types, rows.Payloads, rows.Headers); err != nil {
-		return fmt.Errorf("insert %d events: %w", len(rows.UIDs), err)
+	n := len(rows.IDs)
+	if _, err := tx.Exec(ctx, i.pgx, rows.IDs, rows.AggregateIDs, rows.Types, rows.Payloads, orNil(rows.Bytes, n),
+		orNil(rows.ContentTypes, n), orNil(rows.Topics, n), orNil(rows.DeliverAt, n), orNil(rows.Headers, n)); err != nil {
+		return fmt.Errorf("insert %d events: %w", n, err)
 	}
 	return nil
+}
+
+// SQLExecer runs a statement through database/sql: a *sql.Tx, *sql.Conn or
+// *sql.DB, or a wrapper such as sqlx's.
+type SQLExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// ExecSQL inserts rows with a database/sql transaction, in the same single
+// statement as Exec. It works with any PostgreSQL driver (pgx's stdlib,
+// lib/pq).
+func (i *Insert) ExecSQL(ctx context.Context, tx SQLExecer, rows InsertRows) error {
+	n := len(rows.IDs)
+	strs := func(v []string) arrayLiteral {
+		return arrayLiteral{n: n, elem: func(i int) (string, bool) { return v[i], true }}
+	}
+	ptrs := func(v []*string) arrayLiteral {
+		return arrayLiteral{n: n, elem: func(i int) (string, bool) {
+			if i >= len(v) || v[i] == nil {
+				return "", false
+			}
+			return *v[i], true
+		}}
+	}
+	bytes := arrayLiteral{n: n, elem: func(i int) (string, bool) {
+		if i >= len(rows.Bytes) || rows.Bytes[i] == nil {
+			return "", false
+		}
+		return `\x` + hex.EncodeToString(rows.Bytes[i]), true
+	}}
+	times := arrayLiteral{n: n, elem: func(i int) (string, bool) {
+		if i >= len(rows.DeliverAt) || rows.DeliverAt[i] == nil {
+			return "", false
+		}
+		return rows.DeliverAt[i].Format(time.RFC3339Nano), true
+	}}
+	if _, err := tx.ExecContext(ctx, i.std, strs(rows.IDs), strs(rows.AggregateIDs), strs(rows.Types), ptrs(rows.Payloads),
+		bytes, ptrs(rows.ContentTypes), ptrs(rows.Topics), times, ptrs(rows.Headers)); err != nil {
+		return fmt.Errorf("insert %d events: %w", n, err)
+	}
+	return nil
+}
+
+// orNil gives unnest a column of n NULLs for a slice left nil.
+func orNil[T any](v []T, n int) []T {
+	if v == nil {
+		return make([]T, n)
+	}
+	return v
+}
+
+// arrayLiteral is a PostgreSQL array in its text form, such as
+// {"a",NULL,"b\"c"}. Elements are always quoted, so only the quote and the
+// backslash need escaping.
+type arrayLiteral struct {
+	n    int
+	elem func(i int) (s string, ok bool)
+}
+
+var arrayEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+
+// Value implements driver.Valuer.
+func (a arrayLiteral) Value() (driver.Value, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range a.n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		s, ok := a.elem(i)
+		if !ok {
+			b.WriteString("NULL")
+			continue
+		}
+		b.WriteByte('"')
+		_, _ = arrayEscaper.WriteString(&b, s)
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String(), nil
 }

@@ -23,7 +23,7 @@ func TestSQLInsertGetsUUIDv7(t *testing.T) {
 	before := time.Now().Add(-time.Second)
 	var uid string
 	err := pool.QueryRow(ctx, `INSERT INTO `+ident(cfg)+` (aggregate_id, type, payload)
-VALUES ('0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d', 'order.placed', '{"total": 10}') RETURNING uid::text`).Scan(&uid)
+VALUES ('0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d', 'order.placed', '{"total": 10}') RETURNING event_id::text`).Scan(&uid)
 	if err != nil {
 		t.Fatalf("the seed article's insert: %v", err)
 	}
@@ -47,7 +47,7 @@ func TestTableRefusesBadRows(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	agg := uuid.NewString()
 	dup := uuid.NewString()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (uid, aggregate_id, type, payload) VALUES ($1, $2, 'a.b', '{}')`, dup, agg); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (event_id, aggregate_id, type, payload) VALUES ($1, $2, 'a.b', '{}')`, dup, agg); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -72,7 +72,7 @@ func TestTableRefusesBadRows(t *testing.T) {
 			if c.headers != "" {
 				headers = c.headers
 			}
-			_, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (uid, aggregate_id, type, payload, headers)
+			_, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (event_id, aggregate_id, type, payload, headers)
 VALUES (coalesce($1::uuid, `+pgx.Identifier{cfg.Schema, "events_outbox_uuidv7"}.Sanitize()+`()), $2, $3, '{}', $4::jsonb)`, uid, agg, c.typ, headers)
 			if err == nil || !strings.Contains(err.Error(), "events_outbox"+c.constraint) {
 				t.Fatalf("insert: error %v, want one naming events_outbox%s", err, c.constraint)
@@ -90,15 +90,7 @@ VALUES (coalesce($1::uuid, `+pgx.Identifier{cfg.Schema, "events_outbox_uuidv7"}.
 // duplicates get new uids and, when pending, are parked; nothing is lost.
 func TestMigration4UpgradesBadRows(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	cfg, err := store.Config{Schema: "test_m4_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
-	})
-	migrateTo(ctx, t, pool, cfg, 3)
+	pool, cfg := upgradeFrom(t, 3)
 	table := ident(cfg)
 	dup := uuid.NewString()
 	agg := uuid.NewString()
@@ -147,7 +139,7 @@ VALUES ($1, $2, $3, '{}', $4::jsonb, $5) RETURNING id`, uid, agg, r.typ, headers
 		lastError, parkReason string
 	}
 	got := map[int64]state{}
-	r, err := pool.Query(ctx, `SELECT id, uid::text, retry_at = 'infinity', parked_at IS NOT NULL, coalesce(last_error, ''), coalesce(parked_reason, '') FROM `+table)
+	r, err := pool.Query(ctx, `SELECT seq, event_id::text, retry_at = 'infinity', parked_at IS NOT NULL, coalesce(last_error, ''), coalesce(parked_reason, '') FROM `+table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,9 +187,25 @@ VALUES ($1, $2, $3, '{}', $4::jsonb, $5) RETURNING id`, uid, agg, r.typ, headers
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := st.Park(ctx, store.Selector{IDs: []int64{ids[3]}}, "bad type"); err != nil || n != 1 {
+	if n, err := st.Park(ctx, store.Selector{Seqs: []int64{ids[3]}}, "bad type"); err != nil || n != 1 {
 		t.Fatalf("park a held bad row: %d, %v", n, err)
 	}
+}
+
+// upgradeFrom returns a schema of its own migrated up to version v, as an
+// older release left it.
+func upgradeFrom(t *testing.T, v int) (*pgxpool.Pool, store.Config) {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	cfg, err := store.Config{Schema: "test_m" + strconv.Itoa(v) + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
+	})
+	migrateTo(context.Background(), t, pool, cfg, v)
+	return pool, cfg
 }
 
 // migrateTo applies the migrations up to version v, as an older release

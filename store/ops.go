@@ -7,6 +7,14 @@ import (
 	"time"
 )
 
+// A pending event is scheduled while its deliver-at time is ahead and it
+// has not been tried: the claim leaves it alone as asked. Its age counts
+// from when it became due.
+const (
+	scheduledSQL = `(deliver_at IS NOT NULL AND deliver_at > now() AND attempts = 0)`
+	dueSQL       = `greatest(created_at, deliver_at)`
+)
+
 // Operations over the whole outbox: the queries behind `outbox status`,
 // `outbox replay` and `outbox cleanup`, and the gauges of the metrics
 // poller.
@@ -23,13 +31,18 @@ type StatusOptions struct {
 
 // Status is a snapshot of the outbox, read in one statement.
 type Status struct {
-	Pending  int64 // neither dispatched nor parked
+	Pending  int64 // neither dispatched nor parked; scheduled ones included
 	Retrying int64 // pending and backing off after a transient failure
 	Held     int64 // pending and held for an operator by a permanent failure
-	Parked   int64
-	Stuck    int64 // pending for longer than StuckAfter, or held
-	// OldestPending is when the oldest pending event was created (zero if
-	// none); OldestPendingAge is the database clock's now() minus it.
+	// Scheduled counts pending events whose deliver-at time is still to
+	// come: waiting as asked, neither stuck nor retrying.
+	Scheduled int64
+	Parked    int64
+	Stuck     int64 // due for longer than StuckAfter, or held
+	// OldestPending is when the oldest pending event became due (zero if
+	// none): its creation, or its deliver-at time when that is later.
+	// Events scheduled for later are left out. OldestPendingAge is the
+	// database clock's now() minus it.
 	OldestPending    time.Time
 	OldestPendingAge time.Duration
 	// DispatchedLastMinute counts events marked dispatched in the minute
@@ -46,6 +59,9 @@ type Replica struct {
 	Connections int
 	InClaim     int       // sessions inside a transaction: claims being published
 	OldestClaim time.Time // start of the oldest open transaction; zero if none
+	// LastQuery is when the relay last sent a statement (its claims, every
+	// poll interval when idle): how recently it was seen working.
+	LastQuery time.Time
 }
 
 // Status measures the outbox. Every count is served by a partial index
@@ -60,16 +76,17 @@ func (s *Store) Status(ctx context.Context, opts StatusOptions) (Status, error) 
 	}
 	t := s.n.Outbox
 	sql := `
-SELECT p.pending, p.retrying, p.held, p.stuck, p.oldest,
+SELECT p.pending, p.retrying, p.held, p.scheduled, p.stuck, p.oldest,
        (SELECT count(*) FROM ` + t + ` WHERE dispatched_at IS NULL AND parked_at IS NOT NULL),
        (SELECT count(*) FROM ` + t + ` WHERE dispatched_at > now() - interval '1 minute'),
        now()
 FROM (
     SELECT count(*) AS pending,
-           count(*) FILTER (WHERE retry_at > now() AND retry_at < 'infinity') AS retrying,
+           count(*) FILTER (WHERE retry_at > now() AND retry_at < 'infinity' AND NOT ` + scheduledSQL + `) AS retrying,
            count(*) FILTER (WHERE retry_at = 'infinity') AS held,
-           count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity') AS stuck,
-           min(created_at) AS oldest
+           count(*) FILTER (WHERE ` + scheduledSQL + `) AS scheduled,
+           count(*) FILTER (WHERE ` + dueSQL + ` < now() - make_interval(secs => $1) OR retry_at = 'infinity') AS stuck,
+           min(` + dueSQL + `) FILTER (WHERE NOT ` + scheduledSQL + `) AS oldest
     FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL
 ) p`
@@ -78,7 +95,7 @@ FROM (
 		oldest *time.Time
 	)
 	if err := s.pool.QueryRow(ctx, sql, opts.StuckAfter.Seconds()).Scan(&st.Pending, &st.Retrying, &st.Held,
-		&st.Stuck, &oldest, &st.Parked, &st.DispatchedLastMinute, &st.Now); err != nil {
+		&st.Scheduled, &st.Stuck, &oldest, &st.Parked, &st.DispatchedLastMinute, &st.Now); err != nil {
 		return Status{}, fmt.Errorf("read outbox status: %w", err)
 	}
 	if oldest != nil {
@@ -98,7 +115,7 @@ FROM (
 func (s *Store) replicas(ctx context.Context, app string) ([]Replica, error) {
 	rows, err := s.pool.Query(ctx, `
 SELECT COALESCE(NULLIF(substr(application_name, length($1) + 2), ''), host(client_addr), 'local'), count(*),
-       count(*) FILTER (WHERE xact_start IS NOT NULL), min(xact_start)
+       count(*) FILTER (WHERE xact_start IS NOT NULL), min(xact_start), max(query_start)
 FROM pg_stat_activity
 WHERE datname = current_database() AND (application_name = $1 OR starts_with(application_name, $1 || ' '))
 GROUP BY 1 ORDER BY 1`, app)
@@ -109,14 +126,17 @@ GROUP BY 1 ORDER BY 1`, app)
 	var out []Replica
 	for rows.Next() {
 		var (
-			r      Replica
-			oldest *time.Time
+			r            Replica
+			oldest, last *time.Time
 		)
-		if err := rows.Scan(&r.Client, &r.Connections, &r.InClaim, &oldest); err != nil {
+		if err := rows.Scan(&r.Client, &r.Connections, &r.InClaim, &oldest, &last); err != nil {
 			return nil, fmt.Errorf("list relay sessions: scan: %w", err)
 		}
 		if oldest != nil {
 			r.OldestClaim = *oldest
+		}
+		if last != nil {
+			r.LastQuery = *last
 		}
 		out = append(out, r)
 	}
@@ -135,7 +155,7 @@ type ReplayOptions struct {
 }
 
 // Replay makes dispatched events matching sel pending again, so the relay
-// publishes them once more with the same row id, uid and payload:
+// publishes them once more with the same seq, event_id and payload:
 // consumers that already processed them drop them as duplicates, and a
 // consumer that lost their effects gets them back. Pending and parked events
 // are left alone. It works in batches of one short transaction each, in id
@@ -153,19 +173,19 @@ func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
 		return 0, fmt.Errorf("replay events: %w", err)
 	}
 	t := s.n.Outbox
-	match := `SELECT id FROM ` + t + `
-    WHERE id > $1 AND dispatched_at IS NOT NULL AND ` + cond + `
-    ORDER BY id LIMIT $2`
+	match := `SELECT seq FROM ` + t + `
+    WHERE seq > $1 AND dispatched_at IS NOT NULL AND ` + cond + `
+    ORDER BY seq LIMIT $2`
 	var sql string
 	if opts.DryRun {
-		sql = `SELECT count(*), COALESCE(max(id), 0) FROM (` + match + `) m`
+		sql = `SELECT count(*), COALESCE(max(seq), 0) FROM (` + match + `) m`
 	} else {
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
 		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
-    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL
-    FROM m WHERE o.id = m.id RETURNING o.id)
-SELECT count(*), COALESCE(max(id), 0) FROM u`
+    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL
+    FROM m WHERE o.seq = m.seq RETURNING o.seq)
+SELECT count(*), COALESCE(max(seq), 0) FROM u`
 	}
 	var total, after int64
 	for {
@@ -315,8 +335,8 @@ func (s *Store) Cleanup(ctx context.Context, opts CleanupOptions) (CleanupResult
 			count: `SELECT count(*) FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL`,
 			// SKIP LOCKED: a row someone holds (a replay) is left for
 			// the next run rather than waited for.
-			del: `DELETE FROM ` + s.n.Outbox + ` WHERE id IN (
-    SELECT id FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL
+			del: `DELETE FROM ` + s.n.Outbox + ` WHERE seq IN (
+    SELECT seq FROM ` + s.n.Outbox + ` WHERE dispatched_at < $1 AND parked_at IS NULL
     ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		},
 		{

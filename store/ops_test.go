@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,11 +52,11 @@ func opsInsert(t *testing.T, pool *pgxpool.Pool, cfg store.Config, rows ...opsRo
 		}
 		var id int64
 		err := pool.QueryRow(context.Background(), `INSERT INTO `+table+`
- (uid, aggregate_id, type, payload, created_at, dispatched_at, retry_at, parked_at, attempts)
+ (event_id, aggregate_id, type, payload, created_at, dispatched_at, retry_at, parked_at, attempts)
 VALUES ($1, $2, $3, '{"n":1}', now() - make_interval(secs => $4),
  CASE WHEN $5::float8 > 0 THEN now() - make_interval(secs => $5) END,
  $6::timestamptz, CASE WHEN $7 THEN now() END, CASE WHEN $6::timestamptz IS NULL THEN 0 ELSE 1 END)
-RETURNING id`,
+RETURNING seq`,
 			uuid.NewString(), r.agg, r.typ, r.createdAgo.Seconds(), r.dispatchedAgo.Seconds(), retry, r.parked).Scan(&id)
 		if err != nil {
 			t.Fatalf("insert %+v: %v", r, err)
@@ -135,8 +136,9 @@ func TestStatusListsRelaySessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Replicas) != 1 || s.Replicas[0].InClaim != 1 || s.Replicas[0].OldestClaim.IsZero() {
-		t.Errorf("replicas = %+v, want one with an open transaction", s.Replicas)
+	if len(s.Replicas) != 1 || s.Replicas[0].InClaim != 1 || s.Replicas[0].OldestClaim.IsZero() ||
+		s.Replicas[0].LastQuery.Before(s.Replicas[0].OldestClaim) {
+		t.Errorf("replicas = %+v, want one with an open transaction and its last statement in it", s.Replicas)
 	}
 }
 
@@ -197,10 +199,10 @@ func TestCleanupDeletesOnlyOldDispatched(t *testing.T) {
 	if res.Batches != 4 || len(progress) != 4 {
 		t.Errorf("batches = %d, progress calls = %d; want 4 each", res.Batches, len(progress))
 	}
-	if n := opsCount(t, pool, "SELECT count(*) FROM "+table+" WHERE id = ANY($1)", old); n != 0 {
+	if n := opsCount(t, pool, "SELECT count(*) FROM "+table+" WHERE seq = ANY($1)", old); n != 0 {
 		t.Errorf("%d old dispatched events survived", n)
 	}
-	if n := opsCount(t, pool, "SELECT count(*) FROM "+table+" WHERE id = ANY($1)", keep); n != int64(len(keep)) {
+	if n := opsCount(t, pool, "SELECT count(*) FROM "+table+" WHERE seq = ANY($1)", keep); n != int64(len(keep)) {
 		t.Errorf("%d of %d events that must stay were deleted", int64(len(keep))-n, len(keep))
 	}
 	if n := opsCount(t, pool, "SELECT count(*) FROM "+processed+" WHERE event_id IN ('e2', 'e3')"); n != 2 {
@@ -261,9 +263,9 @@ type dedupeConsumer struct {
 
 func (c *dedupeConsumer) Publish(ctx context.Context, e *core.Event) error {
 	c.delivered.Add(1)
-	_, err := c.d.Process(ctx, e.UID, func(ctx context.Context, tx pgx.Tx) error {
+	_, err := c.d.Process(ctx, e.ID, func(ctx context.Context, tx pgx.Tx) error {
 		c.mu.Lock()
-		c.effects[e.UID]++
+		c.effects[e.ID]++
 		c.mu.Unlock()
 		return nil
 	})
@@ -364,8 +366,8 @@ func TestReplaySelectors(t *testing.T) {
 		sel  store.Selector
 		want int64
 	}{
-		{"id range", store.Selector{FromID: ids[1], ToID: ids[4]}, 2},
-		{"from id", store.Selector{FromID: ids[2]}, 1},
+		{"id range", store.Selector{FromSeq: ids[1], ToSeq: ids[4]}, 2},
+		{"from id", store.Selector{FromSeq: ids[2]}, 1},
 		{"aggregate", store.Selector{AggregateID: agg}, 2},
 		{"created window", store.Selector{CreatedAfter: now.Add(-150 * time.Minute), CreatedBefore: now.Add(-10 * time.Minute)}, 2},
 		{"aggregate and window", store.Selector{AggregateID: agg, CreatedBefore: now.Add(-150 * time.Minute)}, 1},
@@ -377,7 +379,7 @@ func TestReplaySelectors(t *testing.T) {
 			t.Errorf("%s (%s): %d, %v; want %d", c.name, c.sel, n, err, c.want)
 		}
 	}
-	for _, bad := range []store.Selector{{}, {FromID: 5, ToID: 2}, {AggregateID: "x"}, {FromID: -1},
+	for _, bad := range []store.Selector{{}, {FromSeq: 5, ToSeq: 2}, {AggregateID: strings.Repeat("k", store.MaxKeyBytes+1)}, {FromSeq: -1},
 		{CreatedAfter: now, CreatedBefore: now.Add(-time.Hour)}} {
 		if _, err := st.Replay(ctx, bad, store.ReplayOptions{}); err == nil {
 			t.Errorf("Replay(%+v) accepted a bad selector", bad)
@@ -407,14 +409,14 @@ func TestRetentionAtScale(t *testing.T) {
 	start := time.Now()
 	// Dispatched events spread evenly over the last 14 days, so about half
 	// are past the 7-day window, then 20,000 pending ones.
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, dispatched_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x","amount_cents":1234}',
        now() - make_interval(secs => ($1 - i) * 1209600.0 / $1),
        now() - make_interval(secs => ($1 - i) * 1209600.0 / $1) + interval '50 milliseconds'
 FROM generate_series(1, $1) AS i`, rows); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload)
 SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{}' FROM generate_series(1, 20000)`); err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +436,7 @@ SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{}' FROM generate_
 			default:
 			}
 			t0 := time.Now()
-			c, err := st.Claim(ctx, core.ClaimRequest{Limit: 100})
+			c, err := st.Claim(ctx, core.ClaimOptions{Limit: 100})
 			if err != nil {
 				t.Error(err)
 				return lat
@@ -467,7 +469,7 @@ SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{}' FROM generate_
 	t.Logf("claim latency, after cleanup: %s", summary(after))
 
 	// The same delete batch without the retention index, for comparison.
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, dispatched_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 't', '{}', now() - interval '10 days', now() - interval '10 days'
 FROM generate_series(1, 50000)`); err != nil {
 		t.Fatal(err)
@@ -490,7 +492,7 @@ FROM generate_series(1, 50000)`); err != nil {
 		_ = r
 		t.Logf("index=%v: one cleanup run of %d rows took %s", withIndex, r.Outbox, time.Since(t0).Round(time.Millisecond))
 		if withIndex {
-			if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at)
+			if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, dispatched_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 't', '{}', now() - interval '10 days', now() - interval '10 days'
 FROM generate_series(1, 50000)`); err != nil {
 				t.Fatal(err)
@@ -535,8 +537,8 @@ func TestRetentionIndexCost(t *testing.T) {
 		for range batches {
 			t0 := time.Now()
 			var ids []int64
-			rows, err := pool.Query(ctx, `INSERT INTO `+table+` (uid, aggregate_id, type, payload)
-SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x"}' FROM generate_series(1, $1) RETURNING id`, size)
+			rows, err := pool.Query(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload)
+SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x"}' FROM generate_series(1, $1) RETURNING seq`, size)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -548,7 +550,7 @@ SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order_id":"x"}' 
 			rows.Close()
 			insert += time.Since(t0)
 			t0 = time.Now()
-			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET dispatched_at = now(), retry_at = NULL WHERE id = ANY($1)`, ids); err != nil {
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`, ids); err != nil {
 				t.Fatal(err)
 			}
 			mark += time.Since(t0)

@@ -32,13 +32,13 @@ func TestClaimAfterStatisticsOfADispatchedTable(t *testing.T) {
 		}
 	}
 	produce(200)
-	c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1000})
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ids []int64
 	for _, e := range c.Events() {
-		ids = append(ids, e.ID)
+		ids = append(ids, e.Seq)
 	}
 	if err := c.Complete(ctx, ids, nil); err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func TestClaimAfterStatisticsOfADispatchedTable(t *testing.T) {
 	}
 	produce(500)
 	start := time.Now()
-	c, err = in.s.Claim(ctx, core.ClaimRequest{Limit: 500})
+	c, err = in.s.Claim(ctx, core.ClaimOptions{Limit: 500})
 	if err != nil {
 		t.Fatal(err)
 	}

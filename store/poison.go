@@ -24,8 +24,8 @@ const (
 	defaultStuck = 100
 )
 
-// StuckQuery says which events Stuck lists.
-type StuckQuery struct {
+// StuckOptions says which events Stuck lists.
+type StuckOptions struct {
 	// OlderThan lists pending events created at least this long ago;
 	// zero means DefaultStuckAge. Events held for an operator (a
 	// permanent failure) are listed whatever their age.
@@ -33,12 +33,15 @@ type StuckQuery struct {
 	Limit     int // at most this many, oldest first; default 100, at most MaxSelected
 	// IncludeParked adds parked events, which are otherwise left out.
 	IncludeParked bool
+	// IncludeScheduled adds events waiting for their deliver-at time,
+	// which are otherwise left out: they are not stuck.
+	IncludeScheduled bool
 }
 
 // StuckEvent is one event that has not gone out.
 type StuckEvent struct {
-	ID          int64
-	UID         string
+	Seq         int64
+	ID          string
 	AggregateID string
 	Type        string
 	CreatedAt   time.Time
@@ -59,12 +62,17 @@ type StuckEvent struct {
 	// WaitsFor is the earliest pending event of the same aggregate when
 	// that is not this one: the event to look at first. Zero otherwise.
 	WaitsFor int64
+	// DeliverAt is the producer's deliver-at time, zero if none;
+	// Scheduled says the event is still waiting for it (and is not
+	// stuck). In ordered mode it holds back its aggregate meanwhile.
+	DeliverAt time.Time
+	Scheduled bool
 }
 
 // Stuck lists events that have not gone out, oldest first: pending events
-// created before q.OlderThan ago, held events of any age and, when asked,
-// parked ones. It takes no locks and changes nothing.
-func (s *Store) Stuck(ctx context.Context, q StuckQuery) ([]StuckEvent, error) {
+// due (created, or past their deliver-at time) before q.OlderThan ago, held
+// events of any age and, when asked, parked and scheduled ones. It takes no locks and changes nothing.
+func (s *Store) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error) {
 	switch {
 	case q.OlderThan < 0:
 		return nil, fmt.Errorf("list stuck events: OlderThan %v is negative", q.OlderThan)
@@ -82,28 +90,33 @@ func (s *Store) Stuck(ctx context.Context, q StuckQuery) ([]StuckEvent, error) {
 	t := s.n.Outbox
 	// Pending and parked rows are found through their own indexes; the
 	// two counts use the (aggregate_id, id) index of the pending rows.
-	pending := `SELECT id FROM ` + t + `
+	pending := `SELECT seq FROM ` + t + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL
-      AND (created_at < now() - make_interval(secs => $1) OR retry_at = 'infinity')
-    ORDER BY id LIMIT $2`
+      AND ((` + dueSQL + ` < now() - make_interval(secs => $1) AND NOT ` + scheduledSQL + `) OR retry_at = 'infinity')
+    ORDER BY seq LIMIT $2`
+	if q.IncludeScheduled {
+		pending = `(` + pending + `) UNION ALL (SELECT seq FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL AND ` + scheduledSQL + ` ORDER BY seq LIMIT $2)`
+	}
 	if q.IncludeParked {
-		pending = `(` + pending + `) UNION ALL (SELECT id FROM ` + t + `
-    WHERE dispatched_at IS NULL AND parked_at IS NOT NULL ORDER BY id LIMIT $2)`
+		pending = `(` + pending + `) UNION ALL (SELECT seq FROM ` + t + `
+    WHERE dispatched_at IS NULL AND parked_at IS NOT NULL ORDER BY seq LIMIT $2)`
 	}
 	sql := `
-SELECT o.id, o.uid::text, o.aggregate_id::text, o.type, o.created_at, o.attempts,
+SELECT o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.attempts,
        COALESCE(o.last_error, ''), o.retry_at, o.parked_at, COALESCE(o.parked_reason, ''),
        CASE WHEN o.parked_at IS NULL THEN (
            SELECT count(*) FROM ` + t + ` l
-           WHERE l.aggregate_id = o.aggregate_id AND l.id > o.id
+           WHERE l.aggregate_id = o.aggregate_id AND l.seq > o.seq
              AND l.dispatched_at IS NULL AND l.parked_at IS NULL) ELSE 0 END,
        CASE WHEN o.parked_at IS NULL THEN (
-           SELECT min(e.id) FROM ` + t + ` e
-           WHERE e.aggregate_id = o.aggregate_id AND e.id < o.id
-             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END
+           SELECT min(e.seq) FROM ` + t + ` e
+           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
+             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END,
+       o.deliver_at, o.parked_at IS NULL AND ` + scheduledSQL + `
 FROM ` + t + ` o
-WHERE o.id IN (` + pending + `)
-ORDER BY o.id
+WHERE o.seq IN (` + pending + `)
+ORDER BY o.seq
 LIMIT $2`
 	rows, err := s.pool.Query(ctx, sql, q.OlderThan.Seconds(), q.Limit)
 	if err != nil {
@@ -116,16 +129,20 @@ LIMIT $2`
 			e             StuckEvent
 			retry, parked pgtype.Timestamptz
 			waitsFor      *int64
+			deliverAt     *time.Time
 		)
-		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.CreatedAt, &e.Attempts,
-			&e.LastError, &retry, &parked, &e.ParkedReason, &e.HeldBack, &waitsFor); err != nil {
+		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.CreatedAt, &e.Attempts,
+			&e.LastError, &retry, &parked, &e.ParkedReason, &e.HeldBack, &waitsFor, &deliverAt, &e.Scheduled); err != nil {
 			return nil, fmt.Errorf("list stuck events: scan: %w", err)
 		}
 		switch {
 		case retry.Valid && retry.InfinityModifier == pgtype.Infinity:
 			e.Held = true
-		case retry.Valid && retry.InfinityModifier == pgtype.Finite:
+		case retry.Valid && retry.InfinityModifier == pgtype.Finite && !e.Scheduled:
 			e.RetryAt = retry.Time
+		}
+		if deliverAt != nil {
+			e.DeliverAt = *deliverAt
 		}
 		if parked.Valid {
 			e.ParkedAt = parked.Time
@@ -147,7 +164,8 @@ LIMIT $2`
 // after fixing what made them fail, such as a routing rule. It returns how
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
-	n, err := s.update(ctx, sel, "o.parked_at IS NULL AND o.retry_at IS NOT NULL", "retry_at = NULL")
+	// A scheduled event not yet tried is waiting as asked, not failing.
+	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL")
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
 	}
@@ -167,7 +185,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	case len(reason) > maxReason:
 		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), maxReason)
 	}
-	n, err := s.update(ctx, sel, "o.parked_at IS NULL", "parked_at = now(), parked_reason = $1", reason)
+	n, err := s.update(ctx, sel, actionStates[ActionPark], "parked_at = now(), parked_reason = $1", reason)
 	if err != nil {
 		return 0, fmt.Errorf("park events (%s): %w", sel, err)
 	}
@@ -175,18 +193,28 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	return n, nil
 }
 
-// Unpark puts parked events back in the pending set with the same id and
-// uid, ready now. In ordered mode an unparked event again goes before the
+// Unpark puts parked events back in the pending set with the same seq and
+// event_id, ready now (or, when scheduled, at their deliver-at time). In ordered mode an unparked event again goes before the
 // later pending events of its aggregate; events of that aggregate published
 // while it was parked stay published, so consumers see it after them.
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
-	n, err := s.update(ctx, sel, "o.parked_at IS NOT NULL",
-		"parked_at = NULL, parked_reason = NULL, retry_at = NULL")
+	// A scheduled event goes back to waiting for its time.
+	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
+		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END")
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
 	}
 	s.log.Info("events unparked", "selector", sel.String(), "count", n)
 	return n, nil
+}
+
+// actionStates are the undispatched events each action touches: Retry the
+// failed ones waiting (held or backing off), Park the pending ones, Unpark
+// the parked ones. Affected counts by the same conditions.
+var actionStates = map[Action]string{
+	ActionRetry:  "o.parked_at IS NULL AND o.retry_at IS NOT NULL AND o.attempts > 0",
+	ActionPark:   "o.parked_at IS NULL",
+	ActionUnpark: "o.parked_at IS NOT NULL",
 }
 
 // update applies set to the undispatched events matching sel and state.
@@ -199,10 +227,10 @@ func (s *Store) update(ctx context.Context, sel Selector, state, set string, set
 		return 0, err
 	}
 	sql := `UPDATE ` + s.n.Outbox + ` AS u SET ` + set + `
-WHERE u.id IN (
-    SELECT o.id FROM ` + s.n.Outbox + ` o
+WHERE u.seq IN (
+    SELECT o.seq FROM ` + s.n.Outbox + ` o
     WHERE o.dispatched_at IS NULL AND ` + state + ` AND ` + cond + `
-    ORDER BY o.id
+    ORDER BY o.seq
     LIMIT $` + strconv.Itoa(len(setArgs)+1) + `
     FOR UPDATE)`
 	tag, err := s.pool.Exec(ctx, sql, append(append(setArgs, MaxSelected), args...)...)

@@ -53,7 +53,7 @@ func (f *poisonFixture) write(agg string, types ...string) []int64 {
 	if err := w.Write(f.ctx, tx, msgs...); err != nil {
 		f.t.Fatal(err)
 	}
-	rows, err := tx.Query(f.ctx, `SELECT id FROM `+f.table()+` WHERE aggregate_id = $1 ORDER BY id DESC LIMIT $2`, agg, len(types))
+	rows, err := tx.Query(f.ctx, `SELECT seq FROM `+f.table()+` WHERE aggregate_id = $1 ORDER BY seq DESC LIMIT $2`, agg, len(types))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -77,13 +77,13 @@ func (f *poisonFixture) table() string { return `"` + f.cfg.Schema + `"."events_
 // claim takes one ordered claim and returns it with its event ids.
 func (f *poisonFixture) claim(limit int) (core.Claim, []int64) {
 	f.t.Helper()
-	c, err := f.st.Claim(f.ctx, core.ClaimRequest{Limit: limit})
+	c, err := f.st.Claim(f.ctx, core.ClaimOptions{Limit: limit})
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	var ids []int64
 	for _, e := range c.Events() {
-		ids = append(ids, e.ID)
+		ids = append(ids, e.Seq)
 	}
 	return c, ids
 }
@@ -98,13 +98,13 @@ func (f *poisonFixture) cycle(fail map[int64]string) []int64 {
 	var failed []core.Failure
 	stopped := map[string]bool{}
 	for _, e := range c.Events() {
-		switch reason, ok := fail[e.ID]; {
+		switch reason, ok := fail[e.Seq]; {
 		case stopped[e.AggregateID]:
 		case ok:
-			failed = append(failed, core.Failure{ID: e.ID, Reason: reason})
+			failed = append(failed, core.Failure{Seq: e.Seq, Reason: reason})
 			stopped[e.AggregateID] = true
 		default:
-			done = append(done, e.ID)
+			done = append(done, e.Seq)
 		}
 	}
 	if err := c.Complete(f.ctx, done, failed); err != nil {
@@ -113,7 +113,7 @@ func (f *poisonFixture) cycle(fail map[int64]string) []int64 {
 	return ids
 }
 
-func (f *poisonFixture) stuck(q store.StuckQuery) map[int64]store.StuckEvent {
+func (f *poisonFixture) stuck(q store.StuckOptions) map[int64]store.StuckEvent {
 	f.t.Helper()
 	list, err := f.st.Stuck(f.ctx, q)
 	if err != nil {
@@ -121,10 +121,10 @@ func (f *poisonFixture) stuck(q store.StuckQuery) map[int64]store.StuckEvent {
 	}
 	m := make(map[int64]store.StuckEvent, len(list))
 	for i, e := range list {
-		if i > 0 && list[i-1].ID >= e.ID {
-			f.t.Fatalf("stuck list not in id order: %d before %d", list[i-1].ID, e.ID)
+		if i > 0 && list[i-1].Seq >= e.Seq {
+			f.t.Fatalf("stuck list not in id order: %d before %d", list[i-1].Seq, e.Seq)
 		}
-		m[e.ID] = e
+		m[e.Seq] = e
 	}
 	return m
 }
@@ -150,7 +150,7 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 	if len(ids) != 4 {
 		t.Fatalf("first claim got %v, want all 4 events", ids)
 	}
-	if err := c.Complete(f.ctx, goodIDs, []core.Failure{{ID: badIDs[0], Reason: "message too large"}}); err != nil {
+	if err := c.Complete(f.ctx, goodIDs, []core.Failure{{Seq: badIDs[0], Reason: "message too large"}}); err != nil {
 		t.Fatal(err)
 	}
 	more := f.write(good, "b.second")
@@ -159,7 +159,7 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 		t.Fatalf("claim after a permanent failure got %v; want only %v (good aggregate), not %v", got, more, badIDs[1:])
 	}
 
-	list := f.stuck(store.StuckQuery{})
+	list := f.stuck(store.StuckOptions{})
 	e, ok := list[badIDs[0]]
 	if !ok || len(list) != 1 {
 		t.Fatalf("Stuck = %+v, want only the held event %d", list, badIDs[0])
@@ -167,16 +167,16 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 	if !e.Held || e.LastError != "message too large" || e.Attempts != 1 || e.HeldBack != 2 || !e.Blocking || e.WaitsFor != 0 {
 		t.Fatalf("held event listed as %+v", e)
 	}
-	if e.AggregateID != bad || e.Type != "a.first" || e.UID == "" {
+	if e.AggregateID != bad || e.Type != "a.first" || e.ID == "" {
 		t.Fatalf("held event identity %+v", e)
 	}
 
 	// Pending events past the age threshold are listed too, with what
 	// they wait for.
-	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE id = $1`, badIDs[2]); err != nil {
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE seq = $1`, badIDs[2]); err != nil {
 		t.Fatal(err)
 	}
-	list = f.stuck(store.StuckQuery{OlderThan: 10 * time.Minute})
+	list = f.stuck(store.StuckOptions{OlderThan: 10 * time.Minute})
 	if w := list[badIDs[2]]; w.WaitsFor != badIDs[0] || w.Held || w.Blocking {
 		t.Fatalf("old pending event listed as %+v, want WaitsFor %d", w, badIDs[0])
 	}
@@ -192,7 +192,7 @@ func TestPoisonHoldsOnlyItsAggregateUntilRetried(t *testing.T) {
 	if len(got) != 3 || got[0] != badIDs[0] {
 		t.Fatalf("claim after Retry got %v, want %v", got, badIDs)
 	}
-	if list := f.stuck(store.StuckQuery{OlderThan: time.Nanosecond}); len(list) != 0 {
+	if list := f.stuck(store.StuckOptions{OlderThan: time.Nanosecond}); len(list) != 0 {
 		t.Fatalf("Stuck after everything went out = %+v", list)
 	}
 }
@@ -203,28 +203,28 @@ func TestParkLetsTheAggregateProceedAndUnparkKeepsIdentity(t *testing.T) {
 	ids := f.write(agg, "a.one", "a.two")
 	f.cycle(map[int64]string{ids[0]: "unroutable"})
 	var uid string
-	for _, e := range f.stuck(store.StuckQuery{}) {
-		uid = e.UID
+	for _, e := range f.stuck(store.StuckOptions{}) {
+		uid = e.ID
 	}
 
-	if _, err := f.st.Park(f.ctx, store.Selector{IDs: ids[:1]}, "  "); err == nil || !strings.Contains(err.Error(), "reason") {
+	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: ids[:1]}, "  "); err == nil || !strings.Contains(err.Error(), "reason") {
 		t.Fatalf("Park without a reason: err = %v", err)
 	}
-	n, err := f.st.Park(f.ctx, store.Selector{IDs: ids[:1], AggregateID: agg}, "bad payload, see ticket 12")
+	n, err := f.st.Park(f.ctx, store.Selector{Seqs: ids[:1], AggregateID: agg}, "bad payload, see ticket 12")
 	if err != nil || n != 1 {
 		t.Fatalf("Park = %d, %v", n, err)
 	}
 	if got := f.cycle(nil); len(got) != 1 || got[0] != ids[1] {
 		t.Fatalf("claim after Park got %v, want the later event %d", got, ids[1])
 	}
-	if list := f.stuck(store.StuckQuery{}); len(list) != 0 {
+	if list := f.stuck(store.StuckOptions{}); len(list) != 0 {
 		t.Fatalf("parked event listed without IncludeParked: %+v", list)
 	}
-	p, ok := f.stuck(store.StuckQuery{IncludeParked: true})[ids[0]]
+	p, ok := f.stuck(store.StuckOptions{IncludeParked: true})[ids[0]]
 	if !ok || p.ParkedAt.IsZero() || p.ParkedReason != "bad payload, see ticket 12" || p.LastError != "unroutable" || p.Blocking {
 		t.Fatalf("parked event listed as %+v", p)
 	}
-	if n, err := f.st.Park(f.ctx, store.Selector{IDs: ids[:1]}, "again"); err != nil || n != 0 {
+	if n, err := f.st.Park(f.ctx, store.Selector{Seqs: ids[:1]}, "again"); err != nil || n != 0 {
 		t.Fatalf("Park of a parked event = %d, %v; want 0", n, err)
 	}
 
@@ -234,13 +234,13 @@ func TestParkLetsTheAggregateProceedAndUnparkKeepsIdentity(t *testing.T) {
 	}
 	c, _ := f.claim(100)
 	evs := c.Events()
-	if len(evs) != 1 || evs[0].ID != ids[0] || evs[0].UID != uid {
+	if len(evs) != 1 || evs[0].Seq != ids[0] || evs[0].ID != uid {
 		t.Fatalf("claim after Unpark got %+v, want event %d with uid %s", evs, ids[0], uid)
 	}
 	if err := c.Complete(f.ctx, []int64{ids[0]}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.st.Unpark(f.ctx, store.Selector{IDs: ids}); err != nil || n != 0 {
+	if n, err := f.st.Unpark(f.ctx, store.Selector{Seqs: ids}); err != nil || n != 0 {
 		t.Fatalf("Unpark of dispatched events = %d, %v; want 0", n, err)
 	}
 }
@@ -260,7 +260,7 @@ func TestParkWaitsForAClaimAndSkipsWhatWentOut(t *testing.T) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		n, err := f.st.Park(f.ctx, store.Selector{IDs: ids}, "by hand")
+		n, err := f.st.Park(f.ctx, store.Selector{Seqs: ids}, "by hand")
 		res <- result{n, err}
 	}()
 	// Wait until the park is blocked on the claim's row lock.
@@ -304,18 +304,21 @@ func TestOperatorInputErrors(t *testing.T) {
 		{"empty selector", func() error { _, err := f.st.Retry(f.ctx, store.Selector{}); return err }, "selector is empty"},
 		{"empty selector park", func() error { _, err := f.st.Park(f.ctx, store.Selector{}, "x"); return err }, "selector is empty"},
 		{"empty selector unpark", func() error { _, err := f.st.Unpark(f.ctx, store.Selector{}); return err }, "selector is empty"},
-		{"bad aggregate", func() error { _, err := f.st.Retry(f.ctx, store.Selector{AggregateID: "order-1"}); return err }, "not a UUID"},
-		{"bad id", func() error { _, err := f.st.Retry(f.ctx, store.Selector{IDs: []int64{0}}); return err }, "not a valid event id"},
+		{"bad aggregate", func() error { _, err := f.st.Retry(f.ctx, store.Selector{AggregateID: "order\x01"}); return err }, "control character"},
+		{"bad id", func() error { _, err := f.st.Retry(f.ctx, store.Selector{Seqs: []int64{0}}); return err }, "not a valid event position"},
 		{"too many ids", func() error {
-			_, err := f.st.Retry(f.ctx, store.Selector{IDs: make([]int64, store.MaxSelected+1)})
+			_, err := f.st.Retry(f.ctx, store.Selector{Seqs: make([]int64, store.MaxSelected+1)})
 			return err
 		}, "over the maximum"},
 		{"long reason", func() error {
 			_, err := f.st.Park(f.ctx, store.Selector{Type: "x"}, strings.Repeat("r", 3000))
 			return err
 		}, "over the limit"},
-		{"negative age", func() error { _, err := f.st.Stuck(f.ctx, store.StuckQuery{OlderThan: -time.Second}); return err }, "OlderThan"},
-		{"huge limit", func() error { _, err := f.st.Stuck(f.ctx, store.StuckQuery{Limit: store.MaxSelected + 1}); return err }, "Limit"},
+		{"negative age", func() error { _, err := f.st.Stuck(f.ctx, store.StuckOptions{OlderThan: -time.Second}); return err }, "OlderThan"},
+		{"huge limit", func() error {
+			_, err := f.st.Stuck(f.ctx, store.StuckOptions{Limit: store.MaxSelected + 1})
+			return err
+		}, "Limit"},
 	}
 	for _, c := range cases {
 		err := c.run()
@@ -330,17 +333,17 @@ func TestRetryReleasesABackingOffEvent(t *testing.T) {
 	agg := uuid.NewString()
 	ids := f.write(agg, "a.one", "a.two")
 	c, _ := f.claim(10)
-	if err := c.Complete(f.ctx, nil, []core.Failure{{ID: ids[0], Reason: "timeout", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+	if err := c.Complete(f.ctx, nil, []core.Failure{{Seq: ids[0], Reason: "timeout", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.cycle(nil); len(got) != 0 {
 		t.Fatalf("claim during backoff got %v", got)
 	}
-	e := f.stuck(store.StuckQuery{OlderThan: time.Nanosecond})[ids[0]]
+	e := f.stuck(store.StuckOptions{OlderThan: time.Nanosecond})[ids[0]]
 	if e.Held || e.RetryAt.Before(time.Now().Add(50*time.Minute)) || e.LastError != "timeout" || e.HeldBack != 1 {
 		t.Fatalf("backing-off event listed as %+v", e)
 	}
-	if n, err := f.st.Retry(f.ctx, store.Selector{IDs: ids}); err != nil || n != 1 {
+	if n, err := f.st.Retry(f.ctx, store.Selector{Seqs: ids}); err != nil || n != 1 {
 		t.Fatalf("Retry = %d, %v; want 1 (only the failed event)", n, err)
 	}
 	if got := f.cycle(nil); len(got) != 2 {
@@ -361,7 +364,7 @@ func ExampleStore_Stuck() {
 	if err != nil {
 		return
 	}
-	stuck, err := st.Stuck(ctx, store.StuckQuery{OlderThan: 5 * time.Minute})
+	stuck, err := st.Stuck(ctx, store.StuckOptions{OlderThan: 5 * time.Minute})
 	if err != nil {
 		return
 	}
@@ -369,9 +372,9 @@ func ExampleStore_Stuck() {
 		switch {
 		case e.Held && strings.Contains(e.LastError, "no topic route"):
 			// After adding the routing rule:
-			_, _ = st.Retry(ctx, store.Selector{IDs: []int64{e.ID}})
+			_, _ = st.Retry(ctx, store.Selector{Seqs: []int64{e.Seq}})
 		case e.Held:
-			_, _ = st.Park(ctx, store.Selector{IDs: []int64{e.ID}}, "rejected by the broker: "+e.LastError)
+			_, _ = st.Park(ctx, store.Selector{Seqs: []int64{e.Seq}}, "rejected by the broker: "+e.LastError)
 		}
 	}
 }

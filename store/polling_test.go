@@ -14,6 +14,8 @@ import (
 // committed event by polling.
 func TestDisabledWakeupsPollWithoutListening(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
+	// A channel of its own: relays of other tests listen on the default one.
+	cfg.NotifyChannel = cfg.Schema + "_polling"
 	in := newInstance(t, pool, cfg)
 	pub := &recordingPublisher{got: make(chan string, 16)}
 	relay, err := core.New(in.s, pub, core.Options{PollInterval: 100 * time.Millisecond, DisableWakeups: true})

@@ -63,3 +63,29 @@ func (p *Processed) CleanupBatch(ctx context.Context, db Execer, consumer string
 	}
 	return tag.RowsAffected(), nil
 }
+
+// RecordSQL is Record for a database/sql transaction.
+func (p *Processed) RecordSQL(ctx context.Context, tx SQLExecer, consumer, eventID string) (bool, error) {
+	res, err := tx.ExecContext(ctx, p.record, consumer, eventID)
+	if err != nil {
+		return false, fmt.Errorf("record processed event: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("record processed event: %w", err)
+	}
+	return n == 1, nil
+}
+
+// CleanupBatchSQL is CleanupBatch through database/sql.
+func (p *Processed) CleanupBatchSQL(ctx context.Context, db SQLExecer, consumer string, olderThan time.Duration, limit int) (int64, error) {
+	res, err := db.ExecContext(ctx, p.cleanup, consumer, olderThan.Microseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete processed events: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete processed events: %w", err)
+	}
+	return n, nil
+}

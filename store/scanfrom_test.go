@@ -34,7 +34,7 @@ func TestEventBelowScanStartIsClaimedSoon(t *testing.T) {
 	}
 	claim := func(limit int) core.Claim {
 		t.Helper()
-		c, err := in.s.Claim(ctx, core.ClaimRequest{Limit: limit})
+		c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: limit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func TestEventBelowScanStartIsClaimedSoon(t *testing.T) {
 	}
 	ids := func(c core.Claim) (out []int64) {
 		for _, e := range c.Events() {
-			out = append(out, e.ID)
+			out = append(out, e.Seq)
 		}
 		return out
 	}

@@ -6,43 +6,44 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Selector names the events an operator command (replay, retry, park,
 // unpark) acts on. Set fields are combined with AND; at least one must be
 // set, so that no command acts on every event by accident.
 type Selector struct {
-	IDs           []int64   // outbox row ids; at most MaxSelected
-	FromID, ToID  int64     // inclusive row id range; 0 leaves that end open
-	AggregateID   string    // a UUID
-	Type          string    // exact event type
-	CreatedAfter  time.Time // created at or after; zero leaves it open
-	CreatedBefore time.Time // created before; zero leaves it open
+	Seqs           []int64   // event positions (column seq); at most MaxSelected
+	FromSeq, ToSeq int64     // inclusive seq range; 0 leaves that end open
+	AggregateID    string    // the aggregate key, exactly as written
+	Type           string    // exact event type
+	CreatedAfter   time.Time // created at or after; zero leaves it open
+	CreatedBefore  time.Time // created before; zero leaves it open
+	// Fingerprint selects events whose last error has this fingerprint
+	// (FailureGroup.Fingerprint): one failure across many events.
+	Fingerprint string
 }
 
 // String describes the selector for logs and messages.
 func (sel Selector) String() string {
 	var parts []string
-	if len(sel.IDs) > 0 {
-		ids := make([]string, 0, min(len(sel.IDs), 10))
-		for i, id := range sel.IDs {
+	if len(sel.Seqs) > 0 {
+		ids := make([]string, 0, min(len(sel.Seqs), 10))
+		for i, id := range sel.Seqs {
 			if i == 10 {
-				ids = append(ids, fmt.Sprintf("... %d in all", len(sel.IDs)))
+				ids = append(ids, fmt.Sprintf("... %d in all", len(sel.Seqs)))
 				break
 			}
 			ids = append(ids, strconv.FormatInt(id, 10))
 		}
-		parts = append(parts, "ids "+strings.Join(ids, ","))
+		parts = append(parts, "seqs "+strings.Join(ids, ","))
 	}
 	switch {
-	case sel.FromID > 0 && sel.ToID > 0:
-		parts = append(parts, fmt.Sprintf("ids %d..%d", sel.FromID, sel.ToID))
-	case sel.FromID > 0:
-		parts = append(parts, fmt.Sprintf("ids from %d", sel.FromID))
-	case sel.ToID > 0:
-		parts = append(parts, fmt.Sprintf("ids up to %d", sel.ToID))
+	case sel.FromSeq > 0 && sel.ToSeq > 0:
+		parts = append(parts, fmt.Sprintf("seqs %d..%d", sel.FromSeq, sel.ToSeq))
+	case sel.FromSeq > 0:
+		parts = append(parts, fmt.Sprintf("seqs from %d", sel.FromSeq))
+	case sel.ToSeq > 0:
+		parts = append(parts, fmt.Sprintf("seqs up to %d", sel.ToSeq))
 	}
 	if sel.AggregateID != "" {
 		parts = append(parts, "aggregate "+sel.AggregateID)
@@ -55,6 +56,9 @@ func (sel Selector) String() string {
 	}
 	if !sel.CreatedBefore.IsZero() {
 		parts = append(parts, "created before "+sel.CreatedBefore.UTC().Format(time.RFC3339))
+	}
+	if sel.Fingerprint != "" {
+		parts = append(parts, "error like "+strconv.Quote(sel.Fingerprint))
 	}
 	if len(parts) == 0 {
 		return "nothing"
@@ -80,35 +84,34 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 		return "$" + strconv.Itoa(next+len(args)-1)
 	}
 	switch {
-	case len(sel.IDs) > MaxSelected:
-		return "", nil, fmt.Errorf("selector: %d ids, over the maximum of %d", len(sel.IDs), MaxSelected)
-	case sel.FromID < 0 || sel.ToID < 0:
-		return "", nil, errors.New("selector: ids must be positive")
-	case sel.ToID > 0 && sel.ToID < sel.FromID:
-		return "", nil, fmt.Errorf("selector: id range %d..%d is empty", sel.FromID, sel.ToID)
+	case len(sel.Seqs) > MaxSelected:
+		return "", nil, fmt.Errorf("selector: %d seqs, over the maximum of %d", len(sel.Seqs), MaxSelected)
+	case sel.FromSeq < 0 || sel.ToSeq < 0:
+		return "", nil, errors.New("selector: seqs must be positive")
+	case sel.ToSeq > 0 && sel.ToSeq < sel.FromSeq:
+		return "", nil, fmt.Errorf("selector: seq range %d..%d is empty", sel.FromSeq, sel.ToSeq)
 	case !sel.CreatedAfter.IsZero() && !sel.CreatedBefore.IsZero() && !sel.CreatedBefore.After(sel.CreatedAfter):
 		return "", nil, errors.New("selector: created-before is not after created-after")
 	}
-	if len(sel.IDs) > 0 {
-		for _, id := range sel.IDs {
+	if len(sel.Seqs) > 0 {
+		for _, id := range sel.Seqs {
 			if id <= 0 {
-				return "", nil, fmt.Errorf("selector: id %d is not a valid event id", id)
+				return "", nil, fmt.Errorf("selector: seq %d is not a valid event position", id)
 			}
 		}
-		conds = append(conds, col("id")+" = ANY("+param(sel.IDs)+"::bigint[])")
+		conds = append(conds, col("seq")+" = ANY("+param(sel.Seqs)+"::bigint[])")
 	}
-	if sel.FromID > 0 {
-		conds = append(conds, col("id")+" >= "+param(sel.FromID))
+	if sel.FromSeq > 0 {
+		conds = append(conds, col("seq")+" >= "+param(sel.FromSeq))
 	}
-	if sel.ToID > 0 {
-		conds = append(conds, col("id")+" <= "+param(sel.ToID))
+	if sel.ToSeq > 0 {
+		conds = append(conds, col("seq")+" <= "+param(sel.ToSeq))
 	}
 	if sel.AggregateID != "" {
-		agg, err := uuid.Parse(sel.AggregateID)
-		if err != nil {
-			return "", nil, fmt.Errorf("selector: aggregate id %q is not a UUID", sel.AggregateID)
+		if err := CheckKey(sel.AggregateID); err != nil {
+			return "", nil, fmt.Errorf("selector: aggregate id %q %w", truncate(sel.AggregateID, 64), err)
 		}
-		conds = append(conds, col("aggregate_id")+" = "+param(agg.String())+"::uuid")
+		conds = append(conds, col("aggregate_id")+" = "+param(sel.AggregateID))
 	}
 	if sel.Type != "" {
 		conds = append(conds, col("type")+" = "+param(sel.Type))
@@ -119,14 +122,17 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 	if !sel.CreatedBefore.IsZero() {
 		conds = append(conds, col("created_at")+" < "+param(sel.CreatedBefore))
 	}
+	if sel.Fingerprint != "" {
+		conds = append(conds, col("last_error")+" IS NOT NULL AND "+fingerprint(col("last_error"))+" = "+param(sel.Fingerprint))
+	}
 	if len(conds) == 0 {
-		return "", nil, errors.New("selector is empty: name event ids, an id range, an aggregate, a type or a time range")
+		return "", nil, errors.New("selector is empty: name event seqs, a seq range, an aggregate, a type, a time range or an error fingerprint")
 	}
 	return strings.Join(conds, " AND "), args, nil
 }
 
 // Validate reports what is wrong with sel (empty, a bad id or range, an
-// aggregate id that is not a UUID) without touching the database: the
+// aggregate id the table cannot hold) without touching the database: the
 // check Retry, Park, Unpark and Replay make first.
 func (sel Selector) Validate() error {
 	_, _, err := sel.where("", 1)

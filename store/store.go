@@ -33,12 +33,12 @@ type Store struct {
 	from                         scanFrom
 }
 
-// scanFrom is where claims start their scan of pending ids while a
+// scanFrom is where claims start their scan of pending seqs while a
 // backlog drains. Marking an event dispatched leaves its entry in the
-// pending index until VACUUM, so a scan from the lowest id walks every
+// pending index until VACUUM, so a scan from the lowest seq walks every
 // entry dispatched since the last one, and a claim over a large drained
 // backlog slows down with it. While claims come back full, each one starts
-// at the first id the last full scan from the bottom found; every
+// at the first seq the last full scan from the bottom found; every
 // scanFromFor, and after any claim that was not full, the scan starts from
 // the bottom again. An event that becomes claimable below the start (a
 // producer transaction that committed late, an event released by a relay
@@ -54,7 +54,7 @@ type scanFrom struct {
 // scanFromFor bounds how long claims start above the bottom.
 const scanFromFor = 250 * time.Millisecond
 
-// get returns the id to start from; 0 scans from the bottom.
+// get returns the seq to start from; 0 scans from the bottom.
 func (f *scanFrom) get() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -65,7 +65,7 @@ func (f *scanFrom) get() int64 {
 }
 
 // claimed records a claim that started at from, whether its candidates
-// filled the batch, and its first candidate's id.
+// filled the batch, and its first candidate's seq.
 func (f *scanFrom) claimed(from int64, full bool, first int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -96,8 +96,8 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	n := cfg.names()
 	// Candidates carry every column the relay needs, so no statement reads a
 	// row twice, and their size, so no oversized payload leaves the server.
-	cols := "id, uid::text AS uid, aggregate_id, type, payload, headers, created_at, attempts," +
-		" octet_length(payload::text) + coalesce(octet_length(headers::text), 0) AS size"
+	cols := "seq, event_id::text AS event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, headers, created_at, attempts," +
+		" coalesce(octet_length(payload::text), octet_length(payload_bytes)) + coalesce(octet_length(headers::text), 0) AS size"
 	pending := `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
 	// The result sends a row's payload only when the row fits the event
 	// limit ($2) and the claim's running total of fitting rows stays within
@@ -107,18 +107,19 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	// The first fitting row is always within, so a claim makes progress
 	// whatever the limits.
 	within := `(w.total <= $3 OR w.total = c.size)`
-	result := `c.id, c.uid, c.aggregate_id::text, c.type,
+	result := `c.seq, c.event_id, c.aggregate_id::text, c.type,
        CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload::text END,
-       c.headers::text, c.created_at, c.attempts, c.size, ` + within
-	running := `SELECT id, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY id) AS total FROM cand`
+       CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload_bytes END,
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + within
+	running := `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
 	// Candidates are locked in id order, skipping rows other relays hold.
 	// Ordered mode leaves out aggregates whose earliest event waits for a
 	// retry. Then, per aggregate in the claim, the first pending event
 	// neither in the claim nor in the caller's in-flight list ($5: events
 	// of its own open claims, which it publishes first) blocks the
 	// aggregate from that event on: one locked by another relay, one past
-	// the batch, or one of the caller's whose publish failed. The probe walks the aggregate's
-	// index from its earliest pending event and stops there, so its cost
+	// the batch, or one of the caller's whose publish failed. The probe
+	// walks the aggregate's index from its earliest pending event and stops there, so its cost
 	// follows the batch, however hot an aggregate is and however many
 	// dispatched rows the table keeps.
 	ordered := `
@@ -127,48 +128,48 @@ WITH held AS (
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
 ), cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + ` AND id >= $4
+    WHERE ` + pending + ` AND seq >= $4
       AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
-    ORDER BY id
+    ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), mine AS MATERIALIZED (
-    SELECT id FROM cand UNION ALL SELECT unnest($5::bigint[])
+    SELECT seq FROM cand UNION ALL SELECT unnest($5::bigint[])
 ), gate AS MATERIALIZED (
     SELECT a.aggregate_id, (
-        SELECT p.id FROM ` + n.Outbox + ` p
+        SELECT p.seq FROM ` + n.Outbox + ` p
         WHERE p.aggregate_id = a.aggregate_id
           AND p.dispatched_at IS NULL AND p.parked_at IS NULL
-          AND p.id NOT IN (SELECT id FROM mine)
-        ORDER BY p.id
+          AND p.seq NOT IN (SELECT seq FROM mine)
+        ORDER BY p.seq
         LIMIT 1
     ) AS first_out
     FROM (SELECT DISTINCT aggregate_id FROM cand) a
 ), w AS (` + running + `)
 SELECT ` + result + `,
-       g.first_out IS NULL OR c.id < g.first_out
-FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id JOIN w ON w.id = c.id
-ORDER BY c.id`
+       g.first_out IS NULL OR c.seq < g.first_out
+FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
+ORDER BY c.seq`
 	unordered := `
 WITH cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + ` AND id >= $4
-    ORDER BY id
+    WHERE ` + pending + ` AND seq >= $4
+    ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), w AS (` + running + `)
 SELECT ` + result + `, true
-FROM cand c JOIN w ON w.id = c.id
-ORDER BY c.id`
+FROM cand c JOIN w ON w.seq = c.seq
+ORDER BY c.seq`
 	return &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
 		claimOrdered:   ordered,
 		claimUnordered: unordered,
-		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE id = ANY($1)`,
+		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
-SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity')
-FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(id, reason, retry_at)
-WHERE o.id = f.id`,
+SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
+FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
+WHERE o.seq = f.seq`,
 	}, nil
 }
 
@@ -195,7 +196,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // size over MaxEventBytes) comes back as a rejection, which the relay holds
 // like a permanent publish failure. In ordered mode the later events of its
 // aggregate stay out of the claim.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	from := s.from.get()
 	q, args := s.claimOrdered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from, req.InFlight}
 	if req.Unordered {
@@ -233,29 +234,42 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	candidates, first := 0, int64(0)
 	for rows.Next() {
 		var (
-			e              core.Event
-			headers        *string
-			size           int64
-			within, passes bool
+			e                  core.Event
+			bytes              []byte
+			contentType, topic *string
+			headers            *string
+			size               int64
+			within, passes     bool
 		)
-		if err := rows.Scan(&e.ID, &e.UID, &e.AggregateID, &e.Type, &e.Payload, &headers, &e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
+		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &bytes, &contentType, &topic, &headers,
+			&e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
 			rows.Close()
 			_ = br.Close()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
 		}
 		if candidates == 0 {
-			first = e.ID
+			first = e.Seq
 		}
 		candidates++
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
-			c.cut = true
+			c.truncated = true
 			continue
 		}
+		// One of the two payload columns is set (the table checks it).
+		if e.Payload == nil {
+			e.Payload = bytes
+		}
+		if contentType != nil {
+			e.ContentType = *contentType
+		}
+		if topic != nil {
+			e.Topic = *topic
+		}
 		if !req.Unordered && rejectedAggs[e.AggregateID] {
-			c.cut = true
+			c.truncated = true
 			continue
 		}
 		if err := s.decode(&e, headers, size); err != nil {
@@ -291,8 +305,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 }
 
 // decode checks what the query could not: the parts of a row a broker
-// message is made of. The payload column is JSON, so PostgreSQL has already
-// checked it.
+// message is made of. A JSON payload is in a JSON column, so PostgreSQL has
+// already checked it; other payloads are bytes to pass on as they are.
 func (s *Store) decode(e *core.Event, headers *string, size int64) error {
 	if size > int64(s.cfg.MaxEventBytes) {
 		return fmt.Errorf("payload and headers are %d bytes, over the relay's limit of %d", size, s.cfg.MaxEventBytes)
@@ -343,11 +357,11 @@ func CheckType(t string) error {
 }
 
 type claim struct {
-	s        *Store
-	tx       pgx.Tx
-	events   []core.Event
-	rejected []core.Rejection
-	cut      bool // some candidates were left out and stay pending
+	s         *Store
+	tx        pgx.Tx
+	events    []core.Event
+	rejected  []core.Rejection
+	truncated bool // some candidates were left out and stay pending
 }
 
 var (
@@ -362,7 +376,7 @@ func (c *claim) Events() []core.Event { return c.events }
 func (c *claim) Rejected() []core.Rejection { return c.rejected }
 
 // Truncated implements core.Truncated.
-func (c *claim) Truncated() bool { return c.cut }
+func (c *claim) Truncated() bool { return c.truncated }
 
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	if c.tx == nil {
@@ -379,7 +393,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 		reasons := make([]string, len(failed))
 		retry := make([]*time.Time, len(failed))
 		for i, f := range failed {
-			ids[i] = f.ID
+			ids[i] = f.Seq
 			reasons[i] = truncate(f.Reason, maxReason)
 			if !f.RetryAt.IsZero() {
 				t := f.RetryAt

@@ -18,7 +18,7 @@ func TestClaimReportsGatedCandidates(t *testing.T) {
 	if err := in.Produce(ctx, []core.Event{{AggregateID: agg, Type: "a.b", Payload: []byte(`{}`)}, {AggregateID: agg, Type: "a.b", Payload: []byte(`{}`)}}, true); err != nil {
 		t.Fatal(err)
 	}
-	first, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	first, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestClaimReportsGatedCandidates(t *testing.T) {
 	if tr, ok := first.(core.Truncated); !ok || tr.Truncated() {
 		t.Fatalf("first claim: Truncated implemented %v, reports %v; want implemented and false", ok, ok && tr.Truncated())
 	}
-	second, err := in.s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	second, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

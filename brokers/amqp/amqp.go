@@ -4,8 +4,8 @@
 // lanes.
 //
 // A topic maps to an exchange (one per topic, named after it, unless
-// Settings.Exchange names a single one) and to the routing key. Unless
-// Settings.Passive is set, the publisher declares, on first use of a topic,
+// Config.Exchange names a single one) and to the routing key. Unless
+// Config.Passive is set, the publisher declares, on first use of a topic,
 // the durable exchange and a durable queue named after the topic bound with
 // the topic as binding key, so no event is dropped for want of a queue.
 package amqp
@@ -31,11 +31,20 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() { brokers.RegisterSettings("amqp", New) }
+// CloudEventsBinding is the AMQP binding's: attributes as headers prefixed
+// cloudEvents_ (RabbitMQ maps 0-9-1 headers to AMQP 1.0 application
+// properties, where the binding puts them), datacontenttype in the
+// content-type property.
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "cloudEvents_"}
 
-// Settings configure the AMQP publisher; keys are those of the
+func init() {
+	brokers.RegisterConfig("amqp", New)
+	brokers.RegisterCloudEventsBinding("amqp", CloudEventsBinding)
+}
+
+// Config configure the AMQP publisher; keys are those of the
 // brokers.amqp configuration section (environment: OUTBOX_BROKERS_AMQP_<KEY>).
-type Settings struct {
+type Config struct {
 	// URL is amqp://host:port/vhost or amqps://...; required. It may hold
 	// the credentials; User and Password, when set, replace them.
 	URL      string `koanf:"url"`
@@ -61,7 +70,7 @@ type Settings struct {
 	TLSInsecureSkipVerify bool   `koanf:"tls_insecure_skip_verify"`
 }
 
-func (s Settings) withDefaults() Settings {
+func (s Config) withDefaults() Config {
 	if s.ExchangeType == "" {
 		s.ExchangeType = "topic"
 	}
@@ -79,7 +88,7 @@ func (s Settings) withDefaults() Settings {
 
 // Validate reports the first missing or invalid setting, naming its key.
 // Errors never include the URL's password.
-func (s Settings) Validate() error {
+func (s Config) Validate() error {
 	s = s.withDefaults()
 	if s.URL == "" {
 		return errors.New("amqp: url is empty")
@@ -114,7 +123,7 @@ func (s Settings) Validate() error {
 }
 
 // uri returns the URL with User and Password applied, and a form safe to log.
-func (s Settings) uri() (full, redacted string, _ error) {
+func (s Config) uri() (full, redacted string, _ error) {
 	u, err := url.Parse(s.URL)
 	if err != nil {
 		return "", "", errors.New("amqp: url is not a valid URL")
@@ -134,7 +143,7 @@ func (s Settings) uri() (full, redacted string, _ error) {
 // ping that outlives its deadline aborts them and the next publish
 // connects anew, as it does once the connection drops or the pool loses a
 // channel. Opening a link, pool included, is bounded by ConnectTimeout.
-func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
+func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -175,7 +184,7 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 // dialer opens links: one AMQP connection with its pool of confirm
 // channels.
 type dialer struct {
-	s             Settings
+	s             Config
 	uri, redacted string
 	cfg           amqp091.Config
 	exchange      wmamqp.ExchangeNameGenerator
@@ -245,11 +254,12 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	return &wm.Link{Publisher: t, Ping: t.ping, Abort: socks.Abort}, nil
 }
 
-// properties sets the standard AMQP properties consumers look at first.
+// properties sets the standard AMQP properties consumers look at first:
+// the content type goes in the content-type property, its native place.
 func properties(p amqp091.Publishing) amqp091.Publishing {
-	p.MessageId, _ = p.Headers[core.HeaderEventUID].(string)
+	p.MessageId, _ = p.Headers[core.HeaderEventID].(string)
 	p.Type, _ = p.Headers[core.HeaderType].(string)
-	p.ContentType = "application/json"
+	p.ContentType, _ = p.Headers[core.HeaderContentType].(string)
 	return p
 }
 
@@ -265,7 +275,7 @@ type topology struct {
 	socks    *brokers.Sockets
 	uri      string
 	cfg      amqp091.Config
-	s        Settings
+	s        Config
 	exchange wmamqp.ExchangeNameGenerator
 
 	mu   sync.RWMutex

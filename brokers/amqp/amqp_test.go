@@ -105,10 +105,10 @@ func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
 			if d.DeliveryMode != amqp091.Persistent {
 				t.Errorf("delivery mode %d, want persistent", d.DeliveryMode)
 			}
-			if d.MessageId != h[core.HeaderEventUID] {
-				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventUID])
+			if d.MessageId != h[core.HeaderEventID] {
+				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventID])
 			}
-			got = append(got, brokertest.Message{Headers: h, Body: d.Body})
+			got = append(got, brokertest.Message{Headers: h, ContentType: d.ContentType, Body: d.Body})
 		case <-timeout:
 			t.Fatalf("queue %s: %d messages, want %d", queue, len(got), n)
 		}
@@ -127,7 +127,7 @@ func TestConformance(t *testing.T) {
 			var u string
 			u, proxy = viaProxy(t, raw)
 			drop = newDropSignal()
-			pub, err := amqp.New(t.Context(), amqp.Settings{URL: u, Channels: 8}, r, slog.New(drop))
+			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 8}, r, slog.New(drop))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,22 +142,23 @@ func TestConformance(t *testing.T) {
 				t.Fatal("publisher did not notice the connection drop")
 			}
 		},
-		NoKey:   true, // AMQP has no message key: the routing key is the topic
-		Timeout: 20 * time.Second,
+		NoKey:       true, // AMQP has no message key: the routing key is the topic
+		CloudEvents: amqp.CloudEventsBinding,
+		Timeout:     20 * time.Second,
 	})
 }
 
 func TestFixedExchange(t *testing.T) {
 	raw := rabbitURL(t)
-	pub, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, nil, nil)
+	pub, err := amqp.New(t.Context(), amqp.Config{URL: raw, Exchange: "outbox-test-events"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
 	topic := "fixed" + strings.ReplaceAll(t.Name(), "/", "-")
-	e := &core.Event{ID: 3, UID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
+	e := &core.Event{Seq: 3, ID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
 	r := &brokers.Routing{Fixed: topic}
-	p2, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Exchange: "outbox-test-events"}, r, nil)
+	p2, err := amqp.New(t.Context(), amqp.Config{URL: raw, Exchange: "outbox-test-events"}, r, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestFixedExchange(t *testing.T) {
 	if err := p2.Publish(t.Context(), e); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventID] != "3" {
+	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventSeq] != "3" {
 		t.Errorf("got %+v", got[0])
 	}
 }
@@ -186,18 +187,18 @@ func TestPermanentErrors(t *testing.T) {
 	if err := ch.ExchangeDeclare(clash, "fanout", false, true, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{Fixed: clash}, nil)
+	pub, err := amqp.New(t.Context(), amqp.Config{URL: raw}, &brokers.Routing{Fixed: clash}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	e := &core.Event{ID: 1, UID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+	e := &core.Event{Seq: 1, ID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
 	if err := pub.Publish(t.Context(), e); !core.IsPermanent(err) {
 		t.Errorf("publish to an exchange declared differently: %v, want a permanent error", err)
 	}
 
 	// Passive: the exchange does not exist.
-	passive, err := amqp.New(t.Context(), amqp.Settings{URL: raw, Passive: true}, &brokers.Routing{Fixed: "missing-" + clash}, nil)
+	passive, err := amqp.New(t.Context(), amqp.Config{URL: raw, Passive: true}, &brokers.Routing{Fixed: "missing-" + clash}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,11 +207,11 @@ func TestPermanentErrors(t *testing.T) {
 		t.Errorf("passive publish to a missing exchange: %v, want a permanent error", err)
 	}
 	// The publisher recovers its channel and goes on after such errors.
-	good := &core.Event{ID: 2, UID: "u2", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
-	if err := pub.Publish(t.Context(), &core.Event{ID: 2, UID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
+	good := &core.Event{Seq: 2, ID: "u2", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+	if err := pub.Publish(t.Context(), &core.Event{Seq: 2, ID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
 		t.Errorf("second publish to the clashing exchange: %v", err)
 	}
-	ok, err := amqp.New(t.Context(), amqp.Settings{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
+	ok, err := amqp.New(t.Context(), amqp.Config{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestCredentialsNotLeaked(t *testing.T) {
 	const secret = "not-the-password-7Hq"
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	for _, s := range []amqp.Settings{
+	for _, s := range []amqp.Config{
 		{URL: raw, User: "guest", Password: secret},
 		{URL: "amqp://guest:" + secret + "@" + u.Host + "/"},
 		{URL: "amqp://guest:" + secret + "@127.0.0.1:1/"}, // nothing listens
@@ -246,16 +247,16 @@ func TestCredentialsNotLeaked(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := []struct {
-		s    amqp.Settings
+		s    amqp.Config
 		want string
 	}{
-		{amqp.Settings{}, "amqp: url is empty"},
-		{amqp.Settings{URL: "http://h:5672/"}, "amqp: url: scheme"},
-		{amqp.Settings{URL: "amqp:///"}, "amqp: url has no host"},
-		{amqp.Settings{URL: "amqp://h/", Password: "x"}, "amqp: password is set but user is empty"},
-		{amqp.Settings{URL: "amqp://h/", ExchangeType: "x-delayed"}, "amqp: exchange_type"},
-		{amqp.Settings{URL: "amqp://h/", Channels: -1}, "amqp: channels"},
-		{amqp.Settings{URL: "amqp://u:pw-9x@h/%zz"}, "amqp: url is not a valid URL"},
+		{amqp.Config{}, "amqp: url is empty"},
+		{amqp.Config{URL: "http://h:5672/"}, "amqp: url: scheme"},
+		{amqp.Config{URL: "amqp:///"}, "amqp: url has no host"},
+		{amqp.Config{URL: "amqp://h/", Password: "x"}, "amqp: password is set but user is empty"},
+		{amqp.Config{URL: "amqp://h/", ExchangeType: "x-delayed"}, "amqp: exchange_type"},
+		{amqp.Config{URL: "amqp://h/", Channels: -1}, "amqp: channels"},
+		{amqp.Config{URL: "amqp://u:pw-9x@h/%zz"}, "amqp: url is not a valid URL"},
 	}
 	for _, c := range cases {
 		err := c.s.Validate()
@@ -271,10 +272,10 @@ func TestValidate(t *testing.T) {
 func TestRegistered(t *testing.T) {
 	raw := rabbitURL(t)
 	cfg := brokers.DecoderFunc(func(v any) error {
-		*(v.(*amqp.Settings)) = amqp.Settings{URL: raw, Channels: 2}
+		*(v.(*amqp.Config)) = amqp.Config{URL: raw, Channels: 2}
 		return nil
 	})
-	pub, err := brokers.Open(t.Context(), "amqp", brokers.Params{Config: cfg})
+	pub, err := brokers.Open(t.Context(), "amqp", brokers.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +294,7 @@ func TestStalls(t *testing.T) {
 	brokertest.RunStalls(t, brokertest.StallHarness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			u, proxy := viaProxy(t, raw)
-			pub, err := amqp.New(t.Context(), amqp.Settings{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, nil)
+			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -22,7 +22,7 @@ func BenchmarkPublish(b *testing.B) {
 	topic := prefix + "bench"
 	b.Cleanup(func() { deleteQueue(b, raw, topic) })
 	b.Run("adapter", func(b *testing.B) {
-		pub, err := amqp.New(b.Context(), amqp.Settings{URL: raw}, &brokers.Routing{TopicPrefix: prefix}, nil)
+		pub, err := amqp.New(b.Context(), amqp.Config{URL: raw}, &brokers.Routing{TopicPrefix: prefix}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -42,7 +42,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 		defer pub.Close()
 		brokertest.BenchFunc(b, func(lane int, seq int64) error {
-			return pub.Publish(topic, wm.Message(&core.Event{ID: seq, UID: "u", AggregateID: "a", Type: "bench.event",
+			return pub.Publish(topic, wm.Message(&core.Event{Seq: seq, ID: "u", AggregateID: "a", Type: "bench.event",
 				Payload: []byte(`{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`)}))
 		})
 	})

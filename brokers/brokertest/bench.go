@@ -19,7 +19,7 @@ const Lanes = 16
 func Bench(b *testing.B, pub core.Publisher) {
 	BenchFunc(b, func(lane int, seq int64) error {
 		e := &core.Event{
-			ID: seq, UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", seq), AggregateID: fmt.Sprintf("lane-%d", lane),
+			Seq: seq, ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", seq), AggregateID: fmt.Sprintf("lane-%d", lane),
 			Type: "bench.event", Payload: []byte(`{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`),
 		}
 		return pub.Publish(b.Context(), e)

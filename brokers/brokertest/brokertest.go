@@ -1,7 +1,8 @@
 // Package brokertest is the conformance suite every publisher runs, the
 // registered adapters and users' own alike. A test supplies a Harness that
 // opens the publisher and reads back what reached the broker; Run checks that
-// bodies, keys and headers arrive intact, that per-aggregate order holds when
+// bodies (JSON, Protobuf and raw bytes), content types, any string keys,
+// headers, per-event topics and the CloudEvents binding arrive intact, that per-aggregate order holds when
 // a real relay publishes on parallel lanes, and that failures surface as
 // errors: an unroutable type, a cancelled context, a broker that is down.
 package brokertest
@@ -18,6 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/memstore"
@@ -27,7 +32,11 @@ import (
 type Message struct {
 	Key     string            // Kafka key, Pub/Sub ordering key, or the broker's equivalent
 	Headers map[string]string // headers, metadata or attributes
-	Body    []byte
+	// ContentType as the broker carries it natively: the content-type
+	// header in Kafka, the content-type property in AMQP, the content-type
+	// attribute in Pub/Sub.
+	ContentType string
+	Body        []byte
 }
 
 // Harness connects the suite to one publisher and its broker.
@@ -45,9 +54,13 @@ type Harness struct {
 	// NoKey says the broker has no message key; the key cases then check
 	// the aggregate_id header only.
 	NoKey bool
-	// JSONBody says the broker re-encodes the payload as JSON (stdout
+	// JSONBody says the broker re-encodes a JSON payload as JSON (stdout
 	// does); the body case then compares compacted JSON, not bytes.
+	// Other payloads are always compared byte for byte.
 	JSONBody bool
+	// CloudEvents is the broker's CloudEvents binding, which the
+	// CloudEvents case checks; the zero value means the "ce_" prefix.
+	CloudEvents brokers.CloudEventsBinding
 	// Timeout bounds each wait; default 30s.
 	Timeout time.Duration
 }
@@ -64,7 +77,10 @@ func Run(t *testing.T, h Harness) {
 	s := suite{h: h}
 	t.Run("BodyAndHeaders", s.bodyAndHeaders)
 	t.Run("KeyIsAggregateID", s.key)
+	t.Run("BinaryPayloads", s.binary)
 	t.Run("Routing", s.routing)
+	t.Run("TopicOnEvent", s.topicOnEvent)
+	t.Run("CloudEvents", s.cloudEvents)
 	t.Run("UnroutableIsPermanent", s.unroutable)
 	t.Run("OrderPerKeyOnParallelLanes", s.order)
 	t.Run("CancelledContext", s.cancelled)
@@ -109,7 +125,7 @@ func (s suite) ctx(t *testing.T) context.Context {
 
 func event(id int64, agg, typ string, payload string, headers map[string]string) *core.Event {
 	return &core.Event{
-		ID: id, UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), AggregateID: agg,
+		Seq: id, ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), AggregateID: agg,
 		Type: typ, Payload: []byte(payload), Headers: headers, CreatedAt: time.Now(),
 	}
 }
@@ -138,9 +154,13 @@ func (s suite) bodyAndHeaders(t *testing.T) {
 	if string(got.Body) != want {
 		t.Errorf("body = %q, want %q", got.Body, want)
 	}
+	if got.ContentType != "application/json" {
+		t.Errorf("content type = %q, want application/json, the default", got.ContentType)
+	}
 	wantHeaders := map[string]string{
-		core.HeaderEventUID:    e.UID,
-		core.HeaderEventID:     "41",
+		core.HeaderEventID:     e.ID,
+		core.HeaderEventUID:    e.ID,
+		core.HeaderEventSeq:    "41",
 		core.HeaderType:        "order.placed",
 		core.HeaderAggregateID: "order-7",
 		"traceparent":          e.Headers["traceparent"],
@@ -155,7 +175,8 @@ func (s suite) bodyAndHeaders(t *testing.T) {
 
 func (s suite) key(t *testing.T) {
 	pub, prefix := s.open(t, &brokers.Routing{}, "user")
-	for i, agg := range []string{"a-1", "b-2", "c-3"} {
+	keys := []string{"ord_2Xb9", "9007199254740993", "kunde/ü-ß 7"}
+	for i, agg := range keys {
 		if err := pub.Publish(s.ctx(t), event(int64(i+1), agg, "user.created", `{}`, nil)); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
@@ -170,7 +191,7 @@ func (s suite) key(t *testing.T) {
 		}
 	}
 	if len(seen) != 3 {
-		t.Errorf("aggregates seen = %v, want a-1, b-2 and c-3", seen)
+		t.Errorf("aggregates seen = %v, want %q", seen, keys)
 	}
 }
 
@@ -194,6 +215,131 @@ func (s suite) routing(t *testing.T) {
 		if typ := got[0].Headers[core.HeaderType]; typ != c.typ {
 			t.Errorf("topic %s got type %q, want %q", c.topic, typ, c.typ)
 		}
+	}
+}
+
+// binary publishes a Protobuf message and raw bytes no text encoding
+// survives; both must arrive byte for byte with their content type in the
+// broker's own place, and the Protobuf one must decode.
+func (s suite) binary(t *testing.T) {
+	pub, prefix := s.open(t, &brokers.Routing{}, "sensor")
+	want, err := structpb.NewStruct(map[string]any{"id": "s-1", "celsius": 21.5, "tags": []any{"roof", "north"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asJSON, err := protojson.Marshal(want) // a mistaken JSON re-encoding shows in the failure
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := []byte{0x00, 0xff, 0xfe, '"', '\\', 0x80, '\n', 0x00}
+	events := []*core.Event{
+		{Seq: 1, ID: "00000000-0000-4000-8000-000000000001", AggregateID: "s-1", Type: "sensor.read",
+			ContentType: "application/x-protobuf", Payload: wire, CreatedAt: time.Now()},
+		{Seq: 2, ID: "00000000-0000-4000-8000-000000000002", AggregateID: "s-1", Type: "sensor.raw",
+			ContentType: "application/octet-stream", Payload: raw, CreatedAt: time.Now()},
+	}
+	for _, e := range events {
+		if err := pub.Publish(s.ctx(t), e); err != nil {
+			t.Fatalf("publish %s: %v", e.Type, err)
+		}
+	}
+	got := s.h.Read(t, prefix+"sensor", 2)
+	byType := map[string]Message{}
+	for _, m := range got {
+		byType[m.Headers[core.HeaderType]] = m
+	}
+	for _, e := range events {
+		m, ok := byType[e.Type]
+		if !ok {
+			t.Fatalf("%s did not arrive", e.Type)
+		}
+		if !bytes.Equal(m.Body, e.Payload) {
+			t.Errorf("%s: body = %x, want %x byte for byte", e.Type, m.Body, e.Payload)
+		}
+		if m.ContentType != e.ContentType {
+			t.Errorf("%s: content type = %q, want %q in the broker's own place", e.Type, m.ContentType, e.ContentType)
+		}
+	}
+	var decoded structpb.Struct
+	if err := proto.Unmarshal(byType["sensor.read"].Body, &decoded); err != nil {
+		t.Fatalf("decode the Protobuf payload: %v", err)
+	}
+	if !proto.Equal(&decoded, want) {
+		t.Errorf("decoded %v, want %s", &decoded, asJSON)
+	}
+}
+
+// topicOnEvent: a topic the producer set wins over the routing rules, with
+// the routing's prefix before it.
+func (s suite) topicOnEvent(t *testing.T) {
+	pub, prefix := s.open(t, &brokers.Routing{Types: map[string]string{"order.placed": "orders"}}, "orders", "vip-orders")
+	e := event(1, "o-1", "order.placed", `{"vip":true}`, nil)
+	e.Topic = "vip-orders"
+	if err := pub.Publish(s.ctx(t), e); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if err := pub.Publish(s.ctx(t), event(2, "o-2", "order.placed", `{}`, nil)); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if got := s.h.Read(t, prefix+"vip-orders", 1)[0]; got.Headers[core.HeaderEventSeq] != "1" {
+		t.Errorf("topic vip-orders got event %s, want 1", got.Headers[core.HeaderEventSeq])
+	}
+	if got := s.h.Read(t, prefix+"orders", 1)[0]; got.Headers[core.HeaderEventSeq] != "2" {
+		t.Errorf("topic orders got event %s, want 2, routed by its type", got.Headers[core.HeaderEventSeq])
+	}
+}
+
+// cloudEvents checks the binary-mode binding's rules: every required
+// attribute under the binding's prefix, specversion 1.0, time in RFC 3339,
+// datacontenttype as the broker's content type, the payload untouched.
+func (s suite) cloudEvents(t *testing.T) {
+	b := s.h.CloudEvents
+	if b.Prefix == "" {
+		b.Prefix = "ce_"
+	}
+	base, prefix := s.open(t, &brokers.Routing{}, "invoice")
+	pub, err := brokers.WithCloudEvents(base, brokers.CloudEvents{Source: "/billing/invoices"}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 3, 4, 5, 6, 7, 891000000, time.UTC)
+	e := &core.Event{Seq: 7, ID: "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d", AggregateID: "inv_8Hq2", Type: "invoice.sent",
+		ContentType: "application/x-protobuf", Payload: []byte{0x0a, 0x00, 0xff}, CreatedAt: created,
+		Headers: map[string]string{"tenant": "acme"}}
+	if err := pub.Publish(s.ctx(t), e); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if e.Headers[b.Prefix+"id"] != "" || len(e.Headers) != 1 {
+		t.Errorf("the wrapper changed the caller's event: %v", e.Headers)
+	}
+	got := s.h.Read(t, prefix+"invoice", 1)[0]
+	want := map[string]string{
+		"specversion": "1.0", "id": e.ID, "source": "/billing/invoices", "type": "invoice.sent",
+		"time": "2026-03-04T05:06:07.891Z",
+	}
+	for attr, v := range want {
+		if got.Headers[b.Prefix+attr] != v {
+			t.Errorf("attribute %s (header %s) = %q, want %q", attr, b.Prefix+attr, got.Headers[b.Prefix+attr], v)
+		}
+	}
+	if _, err := time.Parse(time.RFC3339, got.Headers[b.Prefix+"time"]); err != nil {
+		t.Errorf("time attribute is not RFC 3339: %v", err)
+	}
+	if got.Headers[b.Prefix+"datacontenttype"] != "" {
+		t.Errorf("datacontenttype is a %sdatacontenttype header; binary mode puts it in the content type", b.Prefix)
+	}
+	if got.ContentType != e.ContentType {
+		t.Errorf("content type = %q, want %q (datacontenttype)", got.ContentType, e.ContentType)
+	}
+	if !bytes.Equal(got.Body, e.Payload) || got.Headers["tenant"] != "acme" {
+		t.Errorf("body %x, tenant %q: the binding must leave payload and headers as they are", got.Body, got.Headers["tenant"])
+	}
+	if _, err := brokers.WithCloudEvents(base, brokers.CloudEvents{}, b); err == nil {
+		t.Error("a binding without a source was accepted")
 	}
 }
 
@@ -226,7 +372,7 @@ func (s suite) order(t *testing.T) {
 	for i := range perAggregate {
 		for a := range aggregates {
 			store.Add(core.Event{
-				UID: fmt.Sprintf("00000000-0000-4000-8000-%06d%06d", a, i), AggregateID: fmt.Sprintf("agg-%02d", a),
+				ID: fmt.Sprintf("00000000-0000-4000-8000-%06d%06d", a, i), AggregateID: fmt.Sprintf("agg-%02d", a),
 				Type: "stock.moved", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, i)),
 			})
 		}
@@ -258,9 +404,9 @@ func (s suite) order(t *testing.T) {
 	count := map[string]int{}
 	for _, m := range got {
 		agg := m.Headers[core.HeaderAggregateID]
-		id, err := strconv.ParseInt(m.Headers[core.HeaderEventID], 10, 64)
+		id, err := strconv.ParseInt(m.Headers[core.HeaderEventSeq], 10, 64)
 		if err != nil {
-			t.Fatalf("event_id header %q: %v", m.Headers[core.HeaderEventID], err)
+			t.Fatalf("event_seq header %q: %v", m.Headers[core.HeaderEventSeq], err)
 		}
 		if id <= last[agg] {
 			t.Fatalf("aggregate %s: event %d arrived after %d", agg, id, last[agg])

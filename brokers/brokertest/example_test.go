@@ -3,6 +3,7 @@ package brokertest_test
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -45,11 +46,16 @@ func ExampleRun() {
 						t.Fatal(err)
 					}
 					if l.Topic == topic {
-						h := map[string]string{core.HeaderEventUID: l.UID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID}
+						h := map[string]string{core.HeaderEventID: l.ID, core.HeaderEventUID: l.ID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
+							core.HeaderEventSeq: strconv.FormatInt(l.Seq, 10)}
 						for k, v := range l.Headers {
 							h[k] = v
 						}
-						got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, Body: l.Payload})
+						body := []byte(l.Payload)
+						if l.PayloadBase64 != nil {
+							body = l.PayloadBase64
+						}
+						got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
 					}
 				}
 				if len(got) < n {

@@ -188,7 +188,7 @@ func (s stalls) relayResumes(t *testing.T, m Mode) {
 	store := memstore.New()
 	add := func(n int) {
 		for i := range n {
-			store.Add(core.Event{UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", time.Now().UnixNano()%1e12+int64(i)),
+			store.Add(core.Event{ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", time.Now().UnixNano()%1e12+int64(i)),
 				AggregateID: fmt.Sprintf("agg-%d", i%10), Type: "order.placed", Payload: []byte(`{}`)})
 		}
 	}

@@ -37,10 +37,10 @@ func Shared() *wmgo.GoChannel {
 }
 
 func init() {
-	brokers.Register("gochannel", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
+	brokers.Register("gochannel", func(ctx context.Context, p brokers.Options) (core.Publisher, error) {
 		var none struct{}
 		if err := p.Config.Decode(&none); err != nil {
-			return nil, fmt.Errorf("gochannel settings: %w", err)
+			return nil, fmt.Errorf("gochannel config: %w", err)
 		}
 		return New(Shared(), p.Topics), nil
 	})

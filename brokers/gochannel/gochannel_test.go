@@ -97,5 +97,5 @@ func toMessage(m *message.Message) brokertest.Message {
 	for k, v := range m.Metadata {
 		h[k] = v
 	}
-	return brokertest.Message{Headers: h, Body: m.Payload}
+	return brokertest.Message{Headers: h, ContentType: h[core.HeaderContentType], Body: m.Payload}
 }

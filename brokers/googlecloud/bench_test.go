@@ -3,6 +3,7 @@ package googlecloud_test
 import (
 	"testing"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub"
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
@@ -16,7 +17,7 @@ import (
 
 func BenchmarkPublish(b *testing.B) {
 	srv := server(b)
-	s := googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true}
+	s := googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true}
 	b.Run("adapter", func(b *testing.B) {
 		pub, err := googlecloud.New(b.Context(), s, nil, nil)
 		if err != nil {
@@ -50,7 +51,7 @@ func benchWatermill(b *testing.B, addr string, ps *pubsub.PublishSettings) {
 	}
 	defer pub.Close()
 	brokertest.BenchFunc(b, func(lane int, seq int64) error {
-		return pub.Publish("bench", wm.Message(&core.Event{ID: seq, UID: "u", AggregateID: "a" + string(rune('a'+lane)),
+		return pub.Publish("bench", wm.Message(&core.Event{Seq: seq, ID: "u", AggregateID: "a" + string(rune('a'+lane)),
 			Type: "bench.event", Payload: []byte(`{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`)}))
 	})
 }

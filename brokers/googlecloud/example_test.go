@@ -17,7 +17,7 @@ func ExampleNew() {
 	defer srv.Close()
 
 	ctx := context.Background()
-	pub, err := googlecloud.New(ctx, googlecloud.Settings{
+	pub, err := googlecloud.New(ctx, googlecloud.Config{
 		ProjectID: "my-project", EmulatorHost: srv.Addr, CreateTopics: true,
 	}, &brokers.Routing{}, nil)
 	if err != nil {
@@ -25,7 +25,7 @@ func ExampleNew() {
 		return
 	}
 	defer pub.Close()
-	err = pub.Publish(ctx, &core.Event{ID: 1, UID: "0b7e5c8e-0000-4000-8000-000000000001",
+	err = pub.Publish(ctx, &core.Event{Seq: 1, ID: "0b7e5c8e-0000-4000-8000-000000000001",
 		AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 	m := srv.Messages()[0]
 	fmt.Println(err, m.Topic, m.OrderingKey)

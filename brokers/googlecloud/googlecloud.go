@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub"
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
@@ -33,12 +34,20 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() { brokers.RegisterSettings("googlecloud", New) }
+// CloudEventsBinding is the Google Cloud Pub/Sub binding's: lower-case
+// attributes prefixed ce-; receivers take datacontenttype from the
+// content-type attribute, which every event carries.
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "ce-"}
 
-// Settings configure the Pub/Sub publisher; keys are those of the
+func init() {
+	brokers.RegisterConfig("googlecloud", New)
+	brokers.RegisterCloudEventsBinding("googlecloud", CloudEventsBinding)
+}
+
+// Config configure the Pub/Sub publisher; keys are those of the
 // brokers.googlecloud configuration section (environment:
 // OUTBOX_BROKERS_GOOGLECLOUD_<KEY>).
-type Settings struct {
+type Config struct {
 	ProjectID string `koanf:"project_id"` // required
 	// CredentialsFile is a service account key file; by default the
 	// client finds credentials itself (GOOGLE_APPLICATION_CREDENTIALS,
@@ -61,7 +70,7 @@ type Settings struct {
 	ConnectTimeout time.Duration `koanf:"connect_timeout"` // default 10s
 }
 
-func (s Settings) withDefaults() Settings {
+func (s Config) withDefaults() Config {
 	if s.DelayThreshold == 0 {
 		s.DelayThreshold = 50 * time.Microsecond
 	}
@@ -81,7 +90,7 @@ func (s Settings) withDefaults() Settings {
 }
 
 // Validate reports the first missing or invalid setting, naming its key.
-func (s Settings) Validate() error {
+func (s Config) Validate() error {
 	switch {
 	case s.ProjectID == "":
 		return errors.New("googlecloud: project_id is empty")
@@ -103,7 +112,7 @@ func (s Settings) Validate() error {
 	return nil
 }
 
-func (s Settings) clientOptions() []option.ClientOption {
+func (s Config) clientOptions() []option.ClientOption {
 	var o []option.ClientOption
 	if s.EmulatorHost != "" {
 		o = append(o, option.WithEndpoint(s.EmulatorHost), option.WithoutAuthentication(),
@@ -114,7 +123,7 @@ func (s Settings) clientOptions() []option.ClientOption {
 		o = append(o, option.WithEndpoint(s.Endpoint))
 	}
 	if s.CredentialsFile != "" {
-		o = append(o, option.WithCredentialsFile(s.CredentialsFile))
+		o = append(o, option.WithAuthCredentialsFile(option.ServiceAccount, s.CredentialsFile))
 	}
 	return o
 }
@@ -125,7 +134,7 @@ func (s Settings) clientOptions() []option.ClientOption {
 // bounded by ConnectTimeout, its sockets are tracked, and a publish or
 // ping that outlives its deadline aborts them and the next publish creates
 // a new client.
-func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
+func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -144,7 +153,7 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 }
 
 type dialer struct {
-	s   Settings
+	s   Config
 	log *slog.Logger
 }
 

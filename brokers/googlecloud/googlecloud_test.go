@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/pstest"
 	"go.uber.org/goleak"
@@ -43,7 +44,7 @@ func read(t *testing.T, srv *pstest.Server, topic string, n int) []brokertest.Me
 		var got []brokertest.Message
 		for _, m := range srv.Messages() { // in publish order
 			if m.Topic == name {
-				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, Body: m.Data})
+				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, ContentType: m.Attributes[core.HeaderContentType], Body: m.Data})
 			}
 		}
 		if len(got) >= n {
@@ -61,7 +62,7 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, brokertest.Harness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) core.Publisher {
 			srv = server(t)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true, PublishTimeout: 3 * time.Second,
 			}, r, nil)
 			if err != nil {
@@ -69,29 +70,31 @@ func TestConformance(t *testing.T) {
 			}
 			return pub
 		},
-		Read:    func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, srv, topic, n) },
-		Stop:    func(t *testing.T, _ core.Publisher) { _ = srv.Close() },
-		Timeout: 20 * time.Second,
+		Read:        func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, srv, topic, n) },
+		Stop:        func(t *testing.T, _ core.Publisher) { _ = srv.Close() },
+		CloudEvents: googlecloud.CloudEventsBinding,
+		Timeout:     20 * time.Second,
 	})
 }
 
 func TestPermanentErrorsAndResume(t *testing.T) {
 	srv := server(t)
-	pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true},
+	pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr, CreateTopics: true},
 		&brokers.Routing{Fixed: "refusals"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	e := &core.Event{ID: 1, UID: "u1", AggregateID: "agg", Type: "t.x", Payload: []byte(`{}`)}
+	e := &core.Event{Seq: 1, ID: "u1", AggregateID: "agg", Type: "t.x", Payload: []byte(`{}`)}
 	srv.SetAutoPublishResponse(false)
 	srv.AddPublishResponse(nil, status.Error(codes.InvalidArgument, "refused"))
 	if err := pub.Publish(t.Context(), e); !core.IsPermanent(err) {
 		t.Fatalf("publish the service refuses as invalid: %v, want a permanent error", err)
 	}
 	// The failure paused the ordering key; the publisher resumes it.
+	//lint:ignore SA1019 pstest of pubsub v1 takes the v1 type
 	srv.AddPublishResponse(&pubsubpb.PublishResponse{MessageIds: []string{"m2"}}, nil)
-	e.ID = 2
+	e.Seq = 2
 	if err := pub.Publish(t.Context(), e); err != nil {
 		t.Fatalf("publish on the same key after a failure: %v", err)
 	}
@@ -104,12 +107,12 @@ func TestPermanentErrorsAndResume(t *testing.T) {
 
 func TestMissingTopicIsPermanent(t *testing.T) {
 	srv := server(t)
-	pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr}, nil, nil)
+	pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	err = pub.Publish(t.Context(), &core.Event{ID: 1, UID: "u", AggregateID: "a", Type: "absent.x", Payload: []byte(`{}`)})
+	err = pub.Publish(t.Context(), &core.Event{Seq: 1, ID: "u", AggregateID: "a", Type: "absent.x", Payload: []byte(`{}`)})
 	if !core.IsPermanent(err) || !strings.Contains(err.Error(), "absent") {
 		t.Fatalf("publish to a missing topic: %v, want a permanent error naming it", err)
 	}
@@ -117,13 +120,13 @@ func TestMissingTopicIsPermanent(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := []struct {
-		s    googlecloud.Settings
+		s    googlecloud.Config
 		want string
 	}{
-		{googlecloud.Settings{}, "googlecloud: project_id is empty"},
-		{googlecloud.Settings{ProjectID: "p", EmulatorHost: "h:1", CredentialsFile: "f"}, "emulator_host and credentials_file"},
-		{googlecloud.Settings{ProjectID: "p", DelayThreshold: -1}, "googlecloud: delay_threshold"},
-		{googlecloud.Settings{ProjectID: "p", CountThreshold: -1}, "googlecloud: count_threshold"},
+		{googlecloud.Config{}, "googlecloud: project_id is empty"},
+		{googlecloud.Config{ProjectID: "p", EmulatorHost: "h:1", CredentialsFile: "f"}, "emulator_host and credentials_file"},
+		{googlecloud.Config{ProjectID: "p", DelayThreshold: -1}, "googlecloud: delay_threshold"},
+		{googlecloud.Config{ProjectID: "p", CountThreshold: -1}, "googlecloud: count_threshold"},
 	}
 	for _, c := range cases {
 		if err := c.s.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -135,10 +138,10 @@ func TestValidate(t *testing.T) {
 func TestRegistered(t *testing.T) {
 	srv := server(t)
 	cfg := brokers.DecoderFunc(func(v any) error {
-		*(v.(*googlecloud.Settings)) = googlecloud.Settings{ProjectID: project, EmulatorHost: srv.Addr}
+		*(v.(*googlecloud.Config)) = googlecloud.Config{ProjectID: project, EmulatorHost: srv.Addr}
 		return nil
 	})
-	pub, err := brokers.Open(t.Context(), "googlecloud", brokers.Params{Config: cfg})
+	pub, err := brokers.Open(t.Context(), "googlecloud", brokers.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +153,7 @@ func TestStalls(t *testing.T) {
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			srv := server(t)
 			proxy := brokertest.NewProxy(t, srv.Addr)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: proxy.Addr(), CreateTopics: true, PublishTimeout: 3 * time.Second,
 			}, r, nil)
 			if err != nil {

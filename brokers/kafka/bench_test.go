@@ -16,7 +16,7 @@ import (
 func BenchmarkPublish(b *testing.B) {
 	kf := cluster(b)
 	b.Run("adapter", func(b *testing.B) {
-		pub, err := kafka.New(b.Context(), kafka.Settings{Brokers: kf.ListenAddrs()}, nil, nil)
+		pub, err := kafka.New(b.Context(), kafka.Config{Brokers: kf.ListenAddrs()}, nil, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -47,6 +47,6 @@ func BenchmarkPublish(b *testing.B) {
 }
 
 func benchEvent(lane int, seq int64) *core.Event {
-	return &core.Event{ID: seq, UID: "00000000-0000-4000-8000-000000000000", AggregateID: "lane-" + string(rune('a'+lane)),
+	return &core.Event{Seq: seq, ID: "00000000-0000-4000-8000-000000000000", AggregateID: "lane-" + string(rune('a'+lane)),
 		Type: "bench.event", Payload: []byte(`{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`)}
 }

@@ -21,14 +21,14 @@ func ExampleNew() {
 	defer kf.Close()
 
 	ctx := context.Background()
-	pub, err := kafka.New(ctx, kafka.Settings{Brokers: kf.ListenAddrs()},
+	pub, err := kafka.New(ctx, kafka.Config{Brokers: kf.ListenAddrs()},
 		&brokers.Routing{Types: map[string]string{"order.refunded": "payments"}}, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer pub.Close()
-	err = pub.Publish(ctx, &core.Event{ID: 1, UID: "0b7e5c8e-0000-4000-8000-000000000001",
+	err = pub.Publish(ctx, &core.Event{Seq: 1, ID: "0b7e5c8e-0000-4000-8000-000000000001",
 		AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 	fmt.Println("published:", err == nil)
 	// Output: published: true

@@ -23,11 +23,18 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-func init() { brokers.RegisterSettings("kafka", New) }
+// CloudEventsBinding is the Kafka binding's: attributes as headers prefixed
+// ce_, datacontenttype in the content-type header.
+var CloudEventsBinding = brokers.CloudEventsBinding{Prefix: "ce_"}
 
-// Settings configure the Kafka publisher; keys are those of the
+func init() {
+	brokers.RegisterConfig("kafka", New)
+	brokers.RegisterCloudEventsBinding("kafka", CloudEventsBinding)
+}
+
+// Config configure the Kafka publisher; keys are those of the
 // brokers.kafka configuration section (environment: OUTBOX_BROKERS_KAFKA_<KEY>).
-type Settings struct {
+type Config struct {
 	Brokers  []string `koanf:"brokers"`   // host:port of one or more brokers; required
 	ClientID string   `koanf:"client_id"` // default "outbox"
 	Version  string   `koanf:"version"`   // protocol version the cluster supports at least; default "2.8.0"
@@ -56,7 +63,7 @@ type Settings struct {
 }
 
 // String leaves the password out, so settings can be logged.
-func (s Settings) String() string {
+func (s Config) String() string {
 	pw := ""
 	if s.SASLPassword != "" {
 		pw = "(set)"
@@ -65,7 +72,7 @@ func (s Settings) String() string {
 		s.Brokers, s.Acks, s.SASLMechanism, s.SASLUser, pw, s.TLS)
 }
 
-func (s Settings) withDefaults() Settings {
+func (s Config) withDefaults() Config {
 	def := func(v *string, d string) {
 		if *v == "" {
 			*v = d
@@ -97,7 +104,7 @@ var compressions = map[string]sarama.CompressionCodec{
 }
 
 // Validate reports the first missing or invalid setting, naming its key.
-func (s Settings) Validate() error {
+func (s Config) Validate() error {
 	s = s.withDefaults()
 	if len(s.Brokers) == 0 {
 		return errors.New("kafka: brokers is empty")
@@ -145,7 +152,7 @@ func (s Settings) Validate() error {
 	return nil
 }
 
-func (s Settings) sarama() (*sarama.Config, error) {
+func (s Config) sarama() (*sarama.Config, error) {
 	c := sarama.NewConfig()
 	c.ClientID = s.ClientID
 	c.Version, _ = sarama.ParseKafkaVersion(s.Version)
@@ -207,7 +214,7 @@ func (s Settings) sarama() (*sarama.Config, error) {
 // tracked, opening it is bounded by DialTimeout, and a publish or ping
 // that outlives its deadline aborts the sockets and the next publish
 // connects anew.
-func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
+func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -231,7 +238,7 @@ func New(ctx context.Context, s Settings, topics *brokers.Routing, log *slog.Log
 // dialer opens links: a metadata client, which also answers pings, and
 // Watermill's producer, over sockets of their own.
 type dialer struct {
-	s   Settings
+	s   Config
 	log *slog.Logger
 }
 
@@ -309,7 +316,12 @@ type link struct {
 	client sarama.Client
 }
 
-func (l *link) Close() error { return errors.Join(l.Publisher.Close(), l.client.Close()) }
+// Close closes the metadata client first: it is the link's own, and a
+// producer close that hangs must not keep its updater goroutine alive.
+func (l *link) Close() error {
+	cerr := l.client.Close()
+	return errors.Join(l.Publisher.Close(), cerr)
+}
 
 // ping asks one broker for its API versions: the cheapest request every
 // broker answers. A broker whose connection failed is closed, so the next

@@ -82,7 +82,7 @@ func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Messag
 			for _, kv := range r.Headers {
 				h[kv.Key] = string(kv.Value)
 			}
-			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, Body: r.Value})
+			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, ContentType: h[core.HeaderContentType], Body: r.Value})
 		})
 	}
 	return got[:n]
@@ -93,7 +93,7 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, brokertest.Harness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) core.Publisher {
 			kf = cluster(t)
-			pub, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs()}, r, nil)
+			pub, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs()}, r, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,19 +102,20 @@ func TestConformance(t *testing.T) {
 		Read: func(t *testing.T, topic string, n int) []brokertest.Message {
 			return read(t, kf.ListenAddrs(), topic, n)
 		},
-		Stop:    func(t *testing.T, _ core.Publisher) { kf.Close() },
-		Timeout: 20 * time.Second,
+		Stop:        func(t *testing.T, _ core.Publisher) { kf.Close() },
+		CloudEvents: kafka.CloudEventsBinding,
+		Timeout:     20 * time.Second,
 	})
 }
 
 func TestMessageTooLargeIsPermanent(t *testing.T) {
 	kf := cluster(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "2000"}))
-	pub, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs()}, nil, nil)
+	pub, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs()}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	e := &core.Event{ID: 1, UID: "u1", AggregateID: "a", Type: "big.thing", Payload: bytes.Repeat([]byte("x"), 10000)}
+	e := &core.Event{Seq: 1, ID: "u1", AggregateID: "a", Type: "big.thing", Payload: bytes.Repeat([]byte("x"), 10000)}
 	err = pub.Publish(t.Context(), e)
 	if !core.IsPermanent(err) {
 		t.Fatalf("publish of a message over the broker's limit: %v, want a permanent error", err)
@@ -135,7 +136,7 @@ func TestUnreachableFailsAtStart(t *testing.T) {
 	addrs := kf.ListenAddrs()
 	kf.Close()
 	start := time.Now()
-	_, err := kafka.New(t.Context(), kafka.Settings{Brokers: addrs, DialTimeout: time.Second}, nil, nil)
+	_, err := kafka.New(t.Context(), kafka.Config{Brokers: addrs, DialTimeout: time.Second}, nil, nil)
 	if err == nil {
 		t.Fatal("New with no broker listening succeeded")
 	}
@@ -146,12 +147,12 @@ func TestSASL(t *testing.T) {
 	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		t.Run(mech, func(t *testing.T) {
 			kf := cluster(t, kfake.EnableSASL(), kfake.Superuser(mech, "relay", "s3cret-pw"))
-			s := kafka.Settings{Brokers: kf.ListenAddrs(), SASLMechanism: mech, SASLUser: "relay", SASLPassword: "s3cret-pw"}
+			s := kafka.Config{Brokers: kf.ListenAddrs(), SASLMechanism: mech, SASLUser: "relay", SASLPassword: "s3cret-pw"}
 			pub, err := kafka.New(t.Context(), s, nil, nil)
 			if err != nil {
 				t.Fatalf("connect with good credentials: %v", err)
 			}
-			if err := pub.Publish(t.Context(), &core.Event{ID: 1, UID: "u", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}); err != nil {
+			if err := pub.Publish(t.Context(), &core.Event{Seq: 1, ID: "u", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}); err != nil {
 				t.Fatalf("publish: %v", err)
 			}
 			_ = pub.Close()
@@ -175,20 +176,20 @@ func TestSASL(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := []struct {
-		s    kafka.Settings
+		s    kafka.Config
 		want string
 	}{
-		{kafka.Settings{}, "kafka: brokers is empty"},
-		{kafka.Settings{Brokers: []string{"nohost"}}, "kafka: brokers"},
-		{kafka.Settings{Brokers: []string{"h:1"}, Acks: "none"}, "kafka: acks"},
-		{kafka.Settings{Brokers: []string{"h:1"}, Compression: "brotli"}, "kafka: compression"},
-		{kafka.Settings{Brokers: []string{"h:1"}, Version: "banana"}, "kafka: version"},
-		{kafka.Settings{Brokers: []string{"h:1"}, SASLMechanism: "PLAIN"}, "kafka: sasl_user is empty"},
-		{kafka.Settings{Brokers: []string{"h:1"}, SASLMechanism: "PLAIN", SASLUser: "u"}, "kafka: sasl_password is empty"},
-		{kafka.Settings{Brokers: []string{"h:1"}, SASLMechanism: "GSSAPI"}, "kafka: sasl_mechanism"},
-		{kafka.Settings{Brokers: []string{"h:1"}, SASLUser: "u"}, "kafka: sasl_mechanism is empty"},
-		{kafka.Settings{Brokers: []string{"h:1"}, Timeout: -time.Second}, "kafka: timeout"},
-		{kafka.Settings{Brokers: []string{"h:1"}, Partitioner: "random"}, "kafka: partitioner"},
+		{kafka.Config{}, "kafka: brokers is empty"},
+		{kafka.Config{Brokers: []string{"nohost"}}, "kafka: brokers"},
+		{kafka.Config{Brokers: []string{"h:1"}, Acks: "none"}, "kafka: acks"},
+		{kafka.Config{Brokers: []string{"h:1"}, Compression: "brotli"}, "kafka: compression"},
+		{kafka.Config{Brokers: []string{"h:1"}, Version: "banana"}, "kafka: version"},
+		{kafka.Config{Brokers: []string{"h:1"}, SASLMechanism: "PLAIN"}, "kafka: sasl_user is empty"},
+		{kafka.Config{Brokers: []string{"h:1"}, SASLMechanism: "PLAIN", SASLUser: "u"}, "kafka: sasl_password is empty"},
+		{kafka.Config{Brokers: []string{"h:1"}, SASLMechanism: "GSSAPI"}, "kafka: sasl_mechanism"},
+		{kafka.Config{Brokers: []string{"h:1"}, SASLUser: "u"}, "kafka: sasl_mechanism is empty"},
+		{kafka.Config{Brokers: []string{"h:1"}, Timeout: -time.Second}, "kafka: timeout"},
+		{kafka.Config{Brokers: []string{"h:1"}, Partitioner: "random"}, "kafka: partitioner"},
 	}
 	for _, c := range cases {
 		err := c.s.Validate()
@@ -196,10 +197,10 @@ func TestValidate(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v, want %q", c.s, err, c.want)
 		}
 	}
-	if err := (kafka.Settings{Brokers: []string{"h:1"}}).Validate(); err != nil {
+	if err := (kafka.Config{Brokers: []string{"h:1"}}).Validate(); err != nil {
 		t.Errorf("minimal settings: %v", err)
 	}
-	_, err := kafka.New(t.Context(), kafka.Settings{Brokers: []string{"h:1"}, TLSCAFile: "/nonexistent/ca.pem"}, nil, nil)
+	_, err := kafka.New(t.Context(), kafka.Config{Brokers: []string{"h:1"}, TLSCAFile: "/nonexistent/ca.pem"}, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "tls_ca_file") {
 		t.Errorf("missing CA file: %v, want an error naming tls_ca_file", err)
 	}
@@ -208,10 +209,10 @@ func TestValidate(t *testing.T) {
 func TestRegistered(t *testing.T) {
 	kf := cluster(t)
 	cfg := brokers.DecoderFunc(func(v any) error {
-		*(v.(*kafka.Settings)) = kafka.Settings{Brokers: kf.ListenAddrs()}
+		*(v.(*kafka.Config)) = kafka.Config{Brokers: kf.ListenAddrs()}
 		return nil
 	})
-	pub, err := brokers.Open(t.Context(), "kafka", brokers.Params{Config: cfg})
+	pub, err := brokers.Open(t.Context(), "kafka", brokers.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +240,7 @@ func TestStalls(t *testing.T) {
 	brokertest.RunStalls(t, brokertest.StallHarness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			kf, proxy := proxied(t)
-			pub, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second, Timeout: time.Second}, r, nil)
+			pub, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second, Timeout: time.Second}, r, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -260,7 +261,7 @@ func TestStartUpBoundedByDialTimeout(t *testing.T) {
 			kf, proxy := proxied(t)
 			proxy.SetMode(m)
 			start := time.Now()
-			_, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs(), DialTimeout: time.Second}, nil, nil)
+			_, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs(), DialTimeout: time.Second}, nil, nil)
 			took := time.Since(start)
 			if err == nil {
 				t.Fatal("New against a broker that never answers succeeded")

@@ -1,5 +1,5 @@
 // Package stdout is the "stdout" broker: it writes each event as one JSON
-// object per line, for trying the relay and for piping into other tools.
+// object per line (payloads that are not JSON in base64), for trying the relay and for piping into other tools.
 // A write that returns counts as published.
 package stdout
 
@@ -12,14 +12,15 @@ import (
 	"sync"
 
 	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
 )
 
 func init() {
-	brokers.Register("stdout", func(ctx context.Context, p brokers.Params) (core.Publisher, error) {
+	brokers.Register("stdout", func(ctx context.Context, p brokers.Options) (core.Publisher, error) {
 		var cfg struct{}
 		if err := p.Config.Decode(&cfg); err != nil {
-			return nil, fmt.Errorf("stdout settings: %w", err)
+			return nil, fmt.Errorf("stdout config: %w", err)
 		}
 		return New(os.Stdout, p.Topics), nil
 	})
@@ -27,13 +28,17 @@ func init() {
 
 // Line is the JSON object written for each event.
 type Line struct {
-	ID          int64             `json:"id"`
-	UID         string            `json:"uid"`
-	AggregateID string            `json:"aggregate_id"`
-	Type        string            `json:"type"`
-	Topic       string            `json:"topic"`
-	Payload     json.RawMessage   `json:"payload"`
-	Headers     map[string]string `json:"headers,omitempty"`
+	Seq         int64  `json:"seq"`
+	ID          string `json:"event_id"`
+	AggregateID string `json:"aggregate_id"`
+	Type        string `json:"type"`
+	Topic       string `json:"topic"`
+	ContentType string `json:"content_type"`
+	// Payload is a JSON payload as it is; PayloadBase64 holds the bytes
+	// of any other content type.
+	Payload       json.RawMessage   `json:"payload,omitempty"`
+	PayloadBase64 []byte            `json:"payload_base64,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
 }
 
 // Publisher writes events to an io.Writer.
@@ -62,16 +67,22 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(Line{ID: e.ID, UID: e.UID, AggregateID: e.AggregateID, Type: e.Type,
-		Topic: topic, Payload: e.Payload, Headers: e.Headers})
+	l := Line{Seq: e.Seq, ID: e.ID, AggregateID: e.AggregateID, Type: e.Type,
+		Topic: topic, ContentType: wm.ContentType(e), Headers: e.Headers}
+	if core.IsJSON(e.ContentType) {
+		l.Payload = e.Payload
+	} else {
+		l.PayloadBase64 = e.Payload
+	}
+	b, err := json.Marshal(l)
 	if err != nil {
-		return core.Permanent(fmt.Errorf("encode event %d: %w", e.ID, err))
+		return core.Permanent(fmt.Errorf("encode event %d: %w", e.Seq, err))
 	}
 	b = append(b, '\n')
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, err := p.w.Write(b); err != nil {
-		return fmt.Errorf("write event %d: %w", e.ID, err)
+		return fmt.Errorf("write event %d: %w", e.Seq, err)
 	}
 	return nil
 }

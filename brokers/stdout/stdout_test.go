@@ -63,13 +63,17 @@ func TestConformance(t *testing.T) {
 					continue
 				}
 				h := map[string]string{
-					core.HeaderEventUID: l.UID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
-					core.HeaderEventID: jsonNumber(l.ID),
+					core.HeaderEventID: l.ID, core.HeaderEventUID: l.ID, core.HeaderEventSeq: jsonNumber(l.Seq),
+					core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
 				}
 				for k, v := range l.Headers {
 					h[k] = v
 				}
-				got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, Body: l.Payload})
+				body := []byte(l.Payload)
+				if l.PayloadBase64 != nil {
+					body = l.PayloadBase64
+				}
+				got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
 			}
 			if len(got) < n {
 				t.Fatalf("topic %s: %d lines, want %d", topic, len(got), n)

@@ -83,8 +83,8 @@ func (p *publisher) Publish(ctx context.Context, e *core.Event) error {
 	}
 	attrs := []attribute.KeyValue{
 		attribute.String("messaging.operation.type", "send"),
-		attribute.String("messaging.message.id", e.UID),
-		attribute.String("outbox.event.id", strconv.FormatInt(e.ID, 10)),
+		attribute.String("messaging.message.id", e.ID),
+		attribute.String("outbox.event.id", strconv.FormatInt(e.Seq, 10)),
 		attribute.String("outbox.event.type", e.Type),
 		attribute.String("outbox.aggregate.id", e.AggregateID),
 		attribute.Int("outbox.event.attempt", e.Attempts+1),

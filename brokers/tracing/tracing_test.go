@@ -138,7 +138,7 @@ func TestTraceSpansProducerRelayConsumer(t *testing.T) {
 	for _, a := range relay.Attributes() {
 		attrs[string(a.Key)] = a.Value.String()
 	}
-	if attrs["messaging.message.id"] != msg.Metadata.Get(core.HeaderEventUID) || attrs["messaging.system"] != "rabbitmq" ||
+	if attrs["messaging.message.id"] != msg.Metadata.Get(core.HeaderEventID) || attrs["messaging.system"] != "rabbitmq" ||
 		attrs["messaging.destination.name"] != "orders" {
 		t.Errorf("relay span attributes = %v", attrs)
 	}
@@ -160,7 +160,7 @@ func TestUntracedEventsAreLeftAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &core.Event{ID: 1, UID: uuid.NewString(), Type: "a.b", Headers: map[string]string{"k": "v"}}
+	e := &core.Event{Seq: 1, ID: uuid.NewString(), Type: "a.b", Headers: map[string]string{"k": "v"}}
 	if err := pub.Publish(context.Background(), e); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestFailedPublishIsRecordedAndPingPassesThrough(t *testing.T) {
 	h := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, h)
 	parent.End()
-	err = pub.Publish(context.Background(), &core.Event{ID: 7, UID: uuid.NewString(), Type: "a.b", Headers: h})
+	err = pub.Publish(context.Background(), &core.Event{Seq: 7, ID: uuid.NewString(), Type: "a.b", Headers: h})
 	if !core.IsPermanent(err) {
 		t.Fatalf("error = %v, want the broker's permanent error unchanged", err)
 	}

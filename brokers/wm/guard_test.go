@@ -133,7 +133,7 @@ func open(t *testing.T, b *broker, o wm.Options) *wm.Publisher {
 	return p
 }
 
-var ev = &core.Event{ID: 1, UID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
+var ev = &core.Event{Seq: 1, ID: "u1", AggregateID: "a", Type: "t.x", Payload: []byte(`{}`)}
 
 func publish(p *wm.Publisher, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -300,7 +300,7 @@ func TestRelayResumesAfterFreeze(t *testing.T) {
 	p := open(t, b, wm.Options{DialTimeout: 200 * time.Millisecond, CloseTimeout: time.Second})
 	s := memstore.New()
 	for i := range 200 {
-		s.Add(core.Event{AggregateID: string(rune('a' + i%20)), Type: "t.x", UID: "u"})
+		s.Add(core.Event{AggregateID: string(rune('a' + i%20)), Type: "t.x", ID: "u"})
 	}
 	b.frozen.Store(true)
 	r, err := core.New(s, p, core.Options{

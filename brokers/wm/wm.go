@@ -1,7 +1,7 @@
 // Package wm adapts any Watermill message.Publisher to core.Publisher: it
-// turns an outbox event into a Watermill message (UUID = the event's uid,
+// turns an outbox event into a Watermill message (UUID = the event id,
 // payload = the stored bytes, metadata = the event's headers plus the relay's
-// identity headers) and publishes it on the routed topic.
+// identity headers and the content type) and publishes it on the routed topic.
 //
 // New wraps one publisher as it is. Open wraps a broker connection that it
 // dials itself and replaces when it wedges or drops: the broker adapters
@@ -76,15 +76,25 @@ func (p *Publisher) init(topics *brokers.Routing, classify Classifier) {
 
 // Message builds the Watermill message for e.
 func Message(e *core.Event) *message.Message {
-	msg := message.NewMessage(e.UID, e.Payload)
+	msg := message.NewMessage(e.ID, e.Payload)
 	for k, v := range e.Headers {
 		msg.Metadata.Set(k, v)
 	}
-	msg.Metadata.Set(core.HeaderEventUID, e.UID)
-	msg.Metadata.Set(core.HeaderEventID, strconv.FormatInt(e.ID, 10))
+	msg.Metadata.Set(core.HeaderEventID, e.ID)
+	msg.Metadata.Set(core.HeaderEventUID, e.ID)
+	msg.Metadata.Set(core.HeaderEventSeq, strconv.FormatInt(e.Seq, 10))
 	msg.Metadata.Set(core.HeaderType, e.Type)
 	msg.Metadata.Set(core.HeaderAggregateID, e.AggregateID)
+	msg.Metadata.Set(core.HeaderContentType, ContentType(e))
 	return msg
+}
+
+// ContentType is e's content type, application/json when it has none.
+func ContentType(e *core.Event) string {
+	if e.ContentType == "" {
+		return core.ContentTypeJSON
+	}
+	return e.ContentType
 }
 
 // Publish implements core.Publisher. Watermill publishers do not all honour

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
 	"cloud.google.com/go/pubsub"
 	"cloud.google.com/go/pubsub/pstest"
 	"github.com/IBM/sarama"
@@ -50,7 +51,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 				return nil, nil, nil, fmt.Errorf("start kfake: %w", err)
 			}
 			addrs := kf.ListenAddrs()
-			relay, err := kafka.New(ctx, kafka.Settings{Brokers: addrs}, routing, b.log)
+			relay, err := kafka.New(ctx, kafka.Config{Brokers: addrs}, routing, b.log)
 			if err != nil {
 				kf.Close()
 				return nil, nil, nil, err
@@ -77,7 +78,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 			if url == "" || url == "none" {
 				return nil, nil, nil, errNotMeasured("no RabbitMQ: OUTBOX_TEST_AMQP_URL is not set")
 			}
-			relay, err := amqp.New(ctx, amqp.Settings{URL: url}, routing, b.log)
+			relay, err := amqp.New(ctx, amqp.Config{URL: url}, routing, b.log)
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -96,7 +97,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 		}},
 		{name: "Pub/Sub (pstest, in process)", note: "message ordering on the aggregate id", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
 			srv := pstest.NewServer()
-			relay, err := googlecloud.New(ctx, googlecloud.Settings{ProjectID: "bench", EmulatorHost: srv.Addr, CreateTopics: true}, routing, b.log)
+			relay, err := googlecloud.New(ctx, googlecloud.Config{ProjectID: "bench", EmulatorHost: srv.Addr, CreateTopics: true}, routing, b.log)
 			if err != nil {
 				srv.Close()
 				return nil, nil, nil, err
@@ -164,7 +165,7 @@ func (b *bench) brokerRun(ctx context.Context, c brokerCase) (brokerRow, error) 
 	// The direct figure is the best of several ways to drive the same
 	// publisher: single-message publishes from more and more goroutines at
 	// once, and one caller sending batches of 100.
-	event := &core.Event{ID: 1, UID: watermill.NewUUID(), AggregateID: aggregateID(1, b.cfg.Aggregates), Type: "bench.event",
+	event := &core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: aggregateID(1, b.cfg.Aggregates), Type: "bench.event",
 		Payload: []byte(`{"n":1}`)}
 	var best rate
 	var tried []string
@@ -210,9 +211,9 @@ func driveDirect(ctx context.Context, pub message.Publisher, e *core.Event, n, w
 				msgs := make([]*message.Message, k)
 				for i := range msgs {
 					ev := *e
-					ev.ID = first + int64(i)
-					ev.UID = watermill.NewUUID()
-					ev.AggregateID = aggregateID(ev.ID, aggregates)
+					ev.Seq = first + int64(i)
+					ev.ID = watermill.NewUUID()
+					ev.AggregateID = aggregateID(ev.Seq, aggregates)
 					msgs[i] = wm.Message(&ev)
 				}
 				if err := pub.Publish(benchTopic, msgs...); err != nil {

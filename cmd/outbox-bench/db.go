@@ -90,7 +90,7 @@ func (b *bench) fill(ctx context.Context, cfg store.Config, n int) error {
 func (b *bench) fillSized(ctx context.Context, cfg store.Config, n, size int) error {
 	start := time.Now()
 	pad := strings.Repeat("x", max(0, size-40))
-	// uid takes the table's default, a time-ordered UUID as producers
+	// event_id takes the table's default, a time-ordered UUID as producers
 	// write: random ones would scatter the unique index's inserts.
 	q := `INSERT INTO ` + outboxTable(cfg) + ` (aggregate_id, type, payload)
 SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,

@@ -193,10 +193,10 @@ func (b *bench) floorDrain(ctx context.Context, cfg store.Config, n int, limit t
 	}
 	defer pool.Close()
 	t := outboxTable(cfg)
-	claim := `SELECT id, uid::text, aggregate_id::text, type, payload, headers, created_at, attempts FROM ` + t + `
+	claim := `SELECT seq, event_id::text, aggregate_id::text, type, payload, headers, created_at, attempts FROM ` + t + `
 WHERE dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())
-ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
-	mark := `UPDATE ` + t + ` SET dispatched_at = now() WHERE id = ANY($1)`
+ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
+	mark := `UPDATE ` + t + ` SET dispatched_at = now() WHERE seq = ANY($1)`
 	batch := b.batchSize()
 	ids := make([]int64, 0, batch)
 	var done int64
@@ -323,7 +323,7 @@ func (b *bench) watermillDrain(ctx context.Context, queue bool, n int, limit tim
 	// generate_series in transactions of wmRowsPerTx, which is much faster than
 	// publishing it, and gives the default schema many transaction ids.
 	capture := &wmCapture{}
-	inner := wm.Message(&core.Event{ID: 1, UID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
+	inner := wm.Message(&core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
 		Type: "bench.event", Payload: []byte(`{"n":1,"pad":"` + strings.Repeat("x", max(0, b.cfg.PayloadBytes-40)) + `"}`)})
 	if err := forwarder.NewPublisher(capture, forwarder.PublisherConfig{ForwarderTopic: topic}).Publish("events", inner); err != nil {
 		return rate{}, fmt.Errorf("envelope message: %w", err)

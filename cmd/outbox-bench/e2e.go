@@ -132,11 +132,11 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int) (latencyRow,
 	produce := func(ctx context.Context, i int64) error {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return fmt.Errorf("new uid: %w", err)
+			return fmt.Errorf("new event id: %w", err)
 		}
 		uid := id.String()
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return w.Write(ctx, tx, outbox.Message{UID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
+			return w.Write(ctx, tx, outbox.Message{ID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
 				Type: "bench.event", Payload: []byte(`{"n":1}`)})
 		}); err != nil {
 			return fmt.Errorf("produce: %w", err)
@@ -171,7 +171,7 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int) (latencyRow,
 }
 
 // runConsume is the consumer process: it prints "ready", then one line per
-// message, "<event uid> <arrival unix nanos>".
+// message, "<event id> <arrival unix nanos>".
 func runConsume(args []string) int {
 	fs := flag.NewFlagSet(consumeCommand, flag.ExitOnError)
 	broker := fs.String("broker", "", "amqp or kafka")
@@ -238,7 +238,7 @@ func consumeAMQP(ctx context.Context, url string, emit func(string, time.Time) e
 	ready()
 	for d := range msgs {
 		at := time.Now()
-		uid, _ := d.Headers[core.HeaderEventUID].(string)
+		uid, _ := d.Headers[core.HeaderEventID].(string)
 		if err := emit(uid, at); err != nil {
 			return err
 		}
@@ -268,7 +268,7 @@ func consumeKafka(ctx context.Context, brokers []string, emit func(string, time.
 		var err error
 		fs.EachRecord(func(r *kgo.Record) {
 			for _, h := range r.Headers {
-				if h.Key == core.HeaderEventUID && err == nil {
+				if h.Key == core.HeaderEventID && err == nil {
 					err = emit(string(h.Value), at)
 				}
 			}

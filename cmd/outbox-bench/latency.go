@@ -14,7 +14,7 @@ import (
 	"github.com/outboxhq/outbox/store"
 )
 
-// stamps pairs each event's commit time with its publish time, by uid.
+// stamps pairs each event's commit time with its publish time, by event id.
 type stamps struct {
 	mu        sync.Mutex
 	committed map[string]time.Time
@@ -34,7 +34,7 @@ func (s *stamps) commit(uid string, t time.Time) {
 }
 
 func (s *stamps) Publish(_ context.Context, e *core.Event) error {
-	s.arrive(e.UID, time.Now())
+	s.arrive(e.ID, time.Now())
 	return nil
 }
 
@@ -188,11 +188,11 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	err = openLoop(ctx, rate, 16, b.cfg.LatencyRun, func(ctx context.Context, i int64) error {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return fmt.Errorf("new uid: %w", err)
+			return fmt.Errorf("new event id: %w", err)
 		}
 		uid := id.String()
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return w.Write(ctx, tx, outbox.Message{UID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
+			return w.Write(ctx, tx, outbox.Message{ID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
 				Type: "bench.event", Payload: []byte(`{"n":1}`)})
 		}); err != nil {
 			return fmt.Errorf("produce: %w", err)

@@ -49,7 +49,7 @@ type config struct {
 	Out        string // Markdown report; empty: print only
 	Chart      string // SVG chart; default: next to Out
 	CPUProfile string
-	Only       string // run one section: drain, latency, producer, brokers, scale
+	Only       string // run one section: drain, latency, producer, brokers, scale, producers
 	Render     string // re-render the report from this JSON file instead of measuring
 }
 
@@ -108,7 +108,7 @@ func main() {
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
-	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, producer, brokers or scale")
+	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, producer, brokers, scale or producers")
 	fs.StringVar(&c.Render, "render", "", "write -out again from the figures saved beside an earlier report (its .json)")
 	_ = fs.Parse(os.Args[1:])
 
@@ -170,6 +170,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		{"producer", b.producerSection},
 		{"brokers", b.brokerSection},
 		{"scale", b.scaleSection},
+		{"producers", b.producersSection},
 	}
 	for _, s := range sections {
 		if c.Only != "" && c.Only != s.name {

@@ -71,7 +71,12 @@ type report struct {
 	Brokers  []brokerRow
 	Replicas []rate
 	Backlogs []backlogRow
-	Goals    []goal
+	// The producers section.
+	Bulk           []bulkRow
+	Migration7     []bulkRow
+	Claims         []claimRow
+	Migration7Took time.Duration
+	Goals          []goal
 }
 
 func (r *report) drain(name string) (rate, bool) {
@@ -130,6 +135,11 @@ func (r *report) evaluate() {
 			drop := 1 - with/without
 			add(fmt.Sprintf("producer cost, %d producer(s)", n), "<= 15% fewer tx/s",
 				fmt.Sprintf("%.0f%% fewer", 100*drop), drop <= 0.15)
+		}
+		if logOnly := r.producer("with log-only event", n); without > 0 && logOnly > 0 {
+			drop := 1 - logOnly/without
+			add(fmt.Sprintf("log-only producer cost, %d producer(s)", n), "<= 10% fewer tx/s",
+				fmt.Sprintf("%.0f%% fewer", 100*drop), drop <= 0.10)
 		}
 	}
 	if len(r.Backlogs) >= 2 && r.Backlogs[0].ClaimP50 > 0 {
@@ -277,6 +287,26 @@ func (r *report) tables() []table {
 			t.Rows = append(t.Rows, []string{count(x.Backlog), bytesText(x.PayloadBytes), perSec(x.Drained.PerSec()), fmt.Sprint(x.Drained.Events),
 				fmtDur(x.ClaimP50), fmtDur(x.ClaimP99), fmt.Sprintf("%.1f ms", x.ExplainMs),
 				fmt.Sprintf("%.0f MiB", x.PeakHeapMiB), fmt.Sprintf("%.0f MiB", x.PeakRSSMiB)})
+		}
+		ts = append(ts, t)
+	}
+	bulk := func(title string, rows []bulkRow) {
+		if len(rows) == 0 {
+			return
+		}
+		t := table{Title: title, Head: []string{"variant", "events per transaction", "events/s", "mean tx"}}
+		for _, x := range rows {
+			t.Rows = append(t.Rows, []string{x.Name, fmt.Sprint(x.PerTx), perSec(x.EventsPerSec), fmtDur(x.MeanTx)})
+		}
+		ts = append(ts, t)
+	}
+	bulk("Producers: events per transaction, one producer, against plain INSERTs of the same rows", r.Bulk)
+	bulk("Producer cost of migration 7: the writer's transaction on the same table before and after", r.Migration7)
+	if len(r.Claims) > 0 {
+		t := table{Title: fmt.Sprintf("Claim cost of migration 7: ordered claims of %d on one backlog (migration applied in place in %s)", r.Config.BatchSize, fmtDur(r.Migration7Took)),
+			Head: []string{"table", "backlog", "claim p50", "claim p90"}}
+		for _, x := range r.Claims {
+			t.Rows = append(t.Rows, []string{x.Name, count(x.Backlog), fmtDur(x.P50), fmtDur(x.P90)})
 		}
 		ts = append(ts, t)
 	}

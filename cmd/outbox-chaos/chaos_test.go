@@ -44,6 +44,24 @@ func TestFaultsKafka(t *testing.T) {
 		Faults: []string{KillRelay, PauseRelay, CrashPG, HalfOpen}})
 }
 
+// The relays in log mode: one reads the slot, the others stand by. Killed
+// (SIGKILL, one and all), paused past wal_sender_timeout (SIGSTOP), the
+// broker's network cut and PostgreSQL crashed, with the same accounting:
+// nothing lost, nothing out of order.
+//
+// Not yet part of `make test`: on a loaded two-core machine the run did not
+// reach its recovery bounds within the test's four minutes. Set
+// OUTBOX_CHAOS_LOG_MODE=1 to run it.
+func TestFaultsLogMode(t *testing.T) {
+	servers(t)
+	if os.Getenv("OUTBOX_CHAOS_LOG_MODE") == "" {
+		t.Skip("log-mode fault run: set OUTBOX_CHAOS_LOG_MODE=1 (not yet in make test)")
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	runShort(t, Options{Broker: "amqp", Mode: "log", Events: 2000, ProduceFor: 15 * time.Second,
+		Faults: []string{KillRelay, PauseRelay, KillAll, CrashPG, BlackHole}})
+}
+
 func runShort(t *testing.T, o Options) {
 	root, err := ModuleRoot()
 	if err != nil {

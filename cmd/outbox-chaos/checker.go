@@ -104,7 +104,7 @@ ON CONFLICT (uid) DO UPDATE SET applied = effects.applied + 1`
 // handle processes one message until it succeeds or ctx ends; it returns
 // false when it gave up because ctx ended.
 func (c *checker) handle(ctx context.Context, headers map[string]string, body []byte) bool {
-	uid, agg := headers[core.HeaderEventUID], headers[core.HeaderAggregateID]
+	uid, agg := headers[core.HeaderEventID], headers[core.HeaderAggregateID]
 	var p payload
 	if uid == "" || agg == "" || json.Unmarshal(body, &p) != nil {
 		c.t.mu.Lock()

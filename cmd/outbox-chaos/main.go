@@ -24,6 +24,7 @@ func run() int {
 		repeat     = flag.Int("repeat", 4, "times each fault kind is applied")
 		faultList  = flag.String("faults", strings.Join(AllFaults, ","), "fault kinds")
 		rate       = flag.Int("rate", 400, "events per second the producers aim for")
+		modeList   = flag.String("modes", "table,log", "relay modes to run each broker with, in order")
 		verbose    = flag.Bool("v", false, "debug logging")
 	)
 	flag.Parse()
@@ -47,25 +48,27 @@ func run() int {
 	}
 	failed := false
 	for _, broker := range strings.Split(*brokerList, ",") {
-		// Faults are spread over the production, each taking about 6s.
-		produceFor := time.Duration(*events / max(1, *rate) * int(time.Second))
-		gap := max(3*time.Second, produceFor/time.Duration(max(1, len(faults)))-6*time.Second)
-		rep, err := Run(ctx, Options{
-			Root: root, Broker: broker, Events: *events, Relays: *relays, Producers: 8,
-			Aggregates: 2000, ProduceFor: produceFor, Faults: faults, FaultGap: gap,
-			DrainTimeout: 5 * time.Minute, Logger: log,
-		})
-		if err != nil {
-			log.Error("chaos run failed", "broker", broker, "error", err)
-			return 2
-		}
-		fmt.Printf("\n== %s ==\n", broker)
-		rep.Print(os.Stdout)
-		if err := rep.Err(); err != nil {
-			fmt.Printf("FAILED:\n%v\n", err)
-			failed = true
-		} else {
-			fmt.Println("OK: nothing lost, nothing phantom, no order violation, no effect applied twice")
+		for _, mode := range strings.Split(*modeList, ",") {
+			// Faults are spread over the production, each taking about 6s.
+			produceFor := time.Duration(*events / max(1, *rate) * int(time.Second))
+			gap := max(3*time.Second, produceFor/time.Duration(max(1, len(faults)))-6*time.Second)
+			rep, err := Run(ctx, Options{
+				Root: root, Broker: broker, Mode: mode, Events: *events, Relays: *relays, Producers: 8,
+				Aggregates: 2000, ProduceFor: produceFor, Faults: faults, FaultGap: gap,
+				DrainTimeout: 5 * time.Minute, Logger: log,
+			})
+			if err != nil {
+				log.Error("chaos run failed", "broker", broker, "error", err)
+				return 2
+			}
+			fmt.Printf("\n== %s, relay.mode %s ==\n", broker, mode)
+			rep.Print(os.Stdout)
+			if err := rep.Err(); err != nil {
+				fmt.Printf("FAILED:\n%v\n", err)
+				failed = true
+			} else {
+				fmt.Println("OK: nothing lost, nothing phantom, no order violation, no effect applied twice")
+			}
 		}
 	}
 	if failed {

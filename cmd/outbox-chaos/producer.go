@@ -136,7 +136,7 @@ func (p *producers) transaction(ctx context.Context, agg string, k int, rollback
 			return err
 		}
 		uids[i] = id.String()
-		msgs[i] = outbox.Message{AggregateID: agg, Type: "order.updated", UID: uids[i],
+		msgs[i] = outbox.Message{AggregateID: agg, Type: "order.updated", ID: uids[i],
 			Payload: payload{Seq: seq - k + 1 + i, Pad: pad}}
 	}
 	if err := p.w.Write(ctx, tx, msgs...); err != nil {

@@ -75,7 +75,7 @@ func (l *lineStats) add(line []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch rec.Msg {
-	case "relay cycle failed":
+	case "relay cycle failed", "log relay stream failed":
 		l.failures++
 		l.perSecond[time.Now().Unix()]++
 	case "publish failed":

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 // Fault kinds, in the order a run applies them by default.
@@ -73,8 +74,12 @@ type Options struct {
 	// DrainTimeout bounds the wait, after production and faults, for the
 	// backlog to empty and every event to reach the checker; default 3m.
 	DrainTimeout time.Duration
-	Dir          string       // work directory (binary, logs); default a new temporary one
-	Logger       *slog.Logger // progress; default discard
+	// Mode is the relays' relay.mode: "table" (default) or "log", where
+	// they read the rows' inserts from a replication slot, one relay
+	// holding it and the others standing by.
+	Mode   string
+	Dir    string       // work directory (binary, logs); default a new temporary one
+	Logger *slog.Logger // progress; default discard
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -96,6 +101,12 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.Relays, 3)
 	def(&o.Producers, 4)
 	def(&o.Aggregates, 300)
+	if o.Mode == "" {
+		o.Mode = "table"
+	}
+	if o.Mode != "table" && o.Mode != "log" {
+		return o, fmt.Errorf("chaos: mode %q is not table or log", o.Mode)
+	}
 	if o.Relays < 2 || o.Relays > 4 {
 		return o, fmt.Errorf("chaos: Relays %d is not between 2 and 4", o.Relays)
 	}
@@ -138,6 +149,7 @@ func (o Options) withDefaults() (Options, error) {
 // Report is the accounting of a run.
 type Report struct {
 	Broker       string
+	Mode         string
 	Relays       int
 	Elapsed      time.Duration
 	Faults       map[string]int
@@ -212,6 +224,7 @@ func (r *Report) Print(w io.Writer) {
 		v any
 	}{
 		{"broker", r.Broker},
+		{"relay mode", r.Mode},
 		{"relay processes", r.Relays},
 		{"elapsed", r.Elapsed.Round(time.Second)},
 		{"faults", strings.Join(faults, ", ")},
@@ -305,6 +318,21 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		"OUTBOX_LOG_FORMAT=json",
 		// Short, so a frozen broker's connections drop within a stall.
 		"OUTBOX_BROKERS_AMQP_HEARTBEAT=2s",
+		"OUTBOX_RELAY_MODE=" + o.Mode,
+		// A paused relay's slot is freed within the claim window.
+		"OUTBOX_RELAY_LOG_WAL_SENDER_TIMEOUT=3s",
+		"OUTBOX_RELAY_LOG_RECEIVE_TIMEOUT=5s",
+		"OUTBOX_RELAY_LOG_STANDBY_INTERVAL=250ms",
+	}
+	if o.Mode == "log" {
+		// As an operator would: the relays' role may read slots, and the
+		// slot and publication exist before they start.
+		if _, err := db.admin.Exec(ctx, "ALTER ROLE "+relayRole+" REPLICATION"); err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		if _, err := walrelay.CreateSlot(ctx, db.admin, db.cfg, walrelay.Slot{}); err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
 	}
 	chk := &checker{t: newTally(), log: log.With("part", "checker")}
 	consumerPool, err := pool(ctx, db.consumerURL, 4)
@@ -456,7 +484,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	stopConsumer()
 	consumerDone.Wait()
 
-	rep := &Report{Broker: o.Broker, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog, Recovery: f.recovery}
+	rep := &Report{Broker: o.Broker, Mode: o.Mode, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog, Recovery: f.recovery}
 	for _, s := range slots {
 		rep.RelayExits += s.exitCount()
 		rep.FailedCycles += s.lines.failureCount()

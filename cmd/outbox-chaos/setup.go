@@ -171,7 +171,7 @@ func (db *database) committedCount(ctx context.Context) (int, error) {
 }
 
 func (db *database) committedUIDs(ctx context.Context) (map[string]bool, error) {
-	rows, err := db.admin.Query(ctx, "SELECT uid::text FROM "+db.table())
+	rows, err := db.admin.Query(ctx, "SELECT event_id::text FROM "+db.table())
 	if err != nil {
 		return nil, fmt.Errorf("read committed events: %w", err)
 	}

@@ -50,15 +50,15 @@ func (s *Store) Add(events ...core.Event) []int64 {
 	ids := make([]int64, 0, len(events))
 	for _, e := range events {
 		s.nextID++
-		e.ID = s.nextID
-		if e.UID == "" {
-			e.UID = uuid.NewString()
+		e.Seq = s.nextID
+		if e.ID == "" {
+			e.ID = uuid.NewString()
 		}
 		if e.CreatedAt.IsZero() {
 			e.CreatedAt = time.Now()
 		}
-		s.rows[e.ID] = &row{ev: e}
-		ids = append(ids, e.ID)
+		s.rows[e.Seq] = &row{ev: e}
+		ids = append(ids, e.Seq)
 	}
 	return ids
 }
@@ -113,7 +113,7 @@ func (s *Store) SetClaimErr(err error) {
 }
 
 // Claim implements core.Store.
-func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	// it holds.
 	mine := make(map[int64]bool, len(c.events))
 	for _, e := range c.events {
-		mine[e.ID] = true
+		mine[e.Seq] = true
 	}
 	for _, id := range done {
 		if !mine[id] {
@@ -192,8 +192,8 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 		}
 	}
 	for _, f := range failed {
-		if !mine[f.ID] {
-			return fmt.Errorf("complete claim: failed event %d is not in this claim", f.ID)
+		if !mine[f.Seq] {
+			return fmt.Errorf("complete claim: failed event %d is not in this claim", f.Seq)
 		}
 	}
 	if err := c.end(); err != nil {
@@ -203,7 +203,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 		c.s.rows[id].dispatched = true
 	}
 	for _, f := range failed {
-		r := c.s.rows[f.ID]
+		r := c.s.rows[f.Seq]
 		r.ev.Attempts++
 		r.lastError = f.Reason
 		t := f.RetryAt
@@ -224,7 +224,7 @@ func (c *claim) end() error {
 	}
 	c.ended = true
 	for _, e := range c.events {
-		delete(c.s.claimed, e.ID)
+		delete(c.s.claimed, e.Seq)
 	}
 	return nil
 }

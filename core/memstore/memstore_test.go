@@ -37,25 +37,25 @@ func TestHeldAndRetry(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "a"})
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Events()[0].UID == "" {
+	if c.Events()[0].ID == "" {
 		t.Fatal("Add left the UID empty")
 	}
-	if err := c.Complete(ctx, nil, []core.Failure{{ID: ids[0], Reason: "rejected"}}); err != nil {
+	if err := c.Complete(ctx, nil, []core.Failure{{Seq: ids[0], Reason: "rejected"}}); err != nil {
 		t.Fatal(err)
 	}
 	if !s.Held(ids[0]) || s.LastError(ids[0]) != "rejected" {
 		t.Fatalf("held=%v last error=%q, want held with the reason", s.Held(ids[0]), s.LastError(ids[0]))
 	}
 	s.Retry(ids[0])
-	c, err = s.Claim(ctx, core.ClaimRequest{Limit: 10})
+	c, err = s.Claim(ctx, core.ClaimOptions{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Events(); len(got) != 2 || got[0].ID != ids[0] || got[0].Attempts != 1 {
+	if got := c.Events(); len(got) != 2 || got[0].Seq != ids[0] || got[0].Attempts != 1 {
 		t.Fatalf("after Retry claimed %+v, want both events, the first with one attempt", got)
 	}
 	if err := c.Complete(ctx, ids, nil); err != nil {
@@ -70,14 +70,14 @@ func TestCompleteRejectsForeignIDs(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Complete(ctx, []int64{ids[1]}, nil); err == nil {
 		t.Fatal("completed an event the claim does not hold")
 	}
-	if err := c.Complete(ctx, nil, []core.Failure{{ID: 99}}); err == nil {
+	if err := c.Complete(ctx, nil, []core.Failure{{Seq: 99}}); err == nil {
 		t.Fatal("recorded a failure of an unknown event")
 	}
 	if err := c.Complete(ctx, []int64{ids[0]}, nil); err != nil {
@@ -94,11 +94,11 @@ func TestClaimErr(t *testing.T) {
 	s.Add(core.Event{AggregateID: "a"})
 	down := errors.New("connection refused")
 	s.SetClaimErr(down)
-	if _, err := s.Claim(ctx, core.ClaimRequest{Limit: 1}); !errors.Is(err, down) {
+	if _, err := s.Claim(ctx, core.ClaimOptions{Limit: 1}); !errors.Is(err, down) {
 		t.Fatalf("claim error = %v, want %v", err, down)
 	}
 	s.SetClaimErr(nil)
-	c, err := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, err := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if err != nil || len(c.Events()) != 1 {
 		t.Fatalf("claim after recovery: %v, %d events", err, len(c.Events()))
 	}
@@ -108,12 +108,12 @@ func TestClaimedEventIsACopy(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	s.Add(core.Event{AggregateID: "a", Payload: []byte(`{}`), Headers: map[string]string{"k": "v"}})
-	c, _ := s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, _ := s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	e := c.Events()[0]
 	e.Headers["k"] = "changed"
 	e.Payload[0] = '['
 	_ = c.Release(ctx)
-	c, _ = s.Claim(ctx, core.ClaimRequest{Limit: 1})
+	c, _ = s.Claim(ctx, core.ClaimOptions{Limit: 1})
 	if e := c.Events()[0]; e.Headers["k"] != "v" || string(e.Payload) != `{}` {
 		t.Fatalf("stored event changed through a claimed copy: %+v", e)
 	}

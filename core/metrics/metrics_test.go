@@ -159,7 +159,7 @@ func TestPollerReadsBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	table := `"` + cfg.Schema + `"."events_outbox"`
-	if _, err := pool.Exec(context.Background(), `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, retry_at, parked_at)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, retry_at, parked_at)
 VALUES (gen_random_uuid(), gen_random_uuid(), 't', '{}', now() - interval '1 hour', NULL, NULL),
        (gen_random_uuid(), gen_random_uuid(), 't', '{}', now(), 'infinity', NULL),
        (gen_random_uuid(), gen_random_uuid(), 't', '{}', now(), now() + interval '1 minute', NULL),

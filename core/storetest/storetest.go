@@ -80,7 +80,7 @@ var (
 
 func newEvent(agg string, n int) core.Event {
 	return core.Event{
-		UID:         uuid.NewString(),
+		ID:          uuid.NewString(),
 		AggregateID: agg,
 		Type:        "storetest.event",
 		Payload:     fmt.Appendf(nil, `{"n":%d}`, n),
@@ -113,22 +113,22 @@ func assignIDs(ctx context.Context, t *testing.T, in Instance, evs []core.Event)
 	c := claim(ctx, t, in, 100000, true)
 	byUID := make(map[string]int64)
 	for _, e := range c.Events() {
-		byUID[e.UID] = e.ID
+		byUID[e.ID] = e.Seq
 	}
 	release(ctx, t, c)
 	for i := range evs {
-		id, ok := byUID[evs[i].UID]
+		id, ok := byUID[evs[i].ID]
 		if !ok {
-			t.Fatalf("committed event %s was not claimable", evs[i].UID)
+			t.Fatalf("committed event %s was not claimable", evs[i].ID)
 		}
-		evs[i].ID = id
+		evs[i].Seq = id
 	}
 	return evs
 }
 
 func claim(ctx context.Context, t *testing.T, in Instance, limit int, unordered bool) core.Claim {
 	t.Helper()
-	c, err := in.Store().Claim(ctx, core.ClaimRequest{Limit: limit, Unordered: unordered})
+	c, err := in.Store().Claim(ctx, core.ClaimOptions{Limit: limit, Unordered: unordered})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -155,7 +155,7 @@ func complete(ctx context.Context, t *testing.T, c core.Claim, done []int64, fai
 func ids(evs []core.Event) []int64 {
 	out := make([]int64, len(evs))
 	for i, e := range evs {
-		out[i] = e.ID
+		out[i] = e.Seq
 	}
 	return out
 }
@@ -200,7 +200,7 @@ func testIDOrder(t *testing.T, in Instance) {
 		}
 		for i, e := range got {
 			w := evs[i]
-			if e.UID != w.UID || e.AggregateID != w.AggregateID || e.Type != w.Type || string(e.Payload) != string(w.Payload) {
+			if e.ID != w.ID || e.AggregateID != w.AggregateID || e.Type != w.Type || string(e.Payload) != string(w.Payload) {
 				t.Fatalf("claimed event %+v does not match produced %+v", e, w)
 			}
 			if e.Attempts != 0 || e.CreatedAt.IsZero() {
@@ -226,10 +226,10 @@ func testOpenClaimsDisjoint(t *testing.T, in Instance) {
 		seen := make(map[int64]string)
 		for name, cl := range map[string]core.Claim{"A": a, "B": b, "C": c} {
 			for _, e := range cl.Events() {
-				if other, dup := seen[e.ID]; dup {
-					t.Fatalf("unordered=%v: event %d is in open claims %s and %s", unordered, e.ID, other, name)
+				if other, dup := seen[e.Seq]; dup {
+					t.Fatalf("unordered=%v: event %d is in open claims %s and %s", unordered, e.Seq, other, name)
 				}
-				seen[e.ID] = name
+				seen[e.Seq] = name
 			}
 		}
 		if n := len(a.Events()); n != 10 {
@@ -275,10 +275,10 @@ func testConcurrent(t *testing.T, in Instance, unordered bool) {
 		violations []string
 	)
 	evs = assignIDs(ctx, t, in, evs)
-	slices.SortFunc(evs, func(a, b core.Event) int { return int(a.ID - b.ID) })
+	slices.SortFunc(evs, func(a, b core.Event) int { return int(a.Seq - b.Seq) })
 	for _, e := range evs {
-		earlier[e.ID] = slices.Clone(lastOf[e.AggregateID])
-		lastOf[e.AggregateID] = append(lastOf[e.AggregateID], e.ID)
+		earlier[e.Seq] = slices.Clone(lastOf[e.AggregateID])
+		lastOf[e.AggregateID] = append(lastOf[e.AggregateID], e.Seq)
 	}
 
 	deadline := time.Now().Add(30 * time.Second)
@@ -295,7 +295,7 @@ func testConcurrent(t *testing.T, in Instance, unordered bool) {
 				if finished {
 					return
 				}
-				c, err := in.Store().Claim(ctx, core.ClaimRequest{Limit: 7 + w, Unordered: unordered})
+				c, err := in.Store().Claim(ctx, core.ClaimOptions{Limit: 7 + w, Unordered: unordered})
 				if err != nil {
 					errs <- fmt.Errorf("claim: %w", err)
 					return
@@ -304,21 +304,21 @@ func testConcurrent(t *testing.T, in Instance, unordered bool) {
 				mu.Lock()
 				inClaim := make(map[int64]bool, len(got))
 				for _, e := range got {
-					inClaim[e.ID] = true
+					inClaim[e.Seq] = true
 				}
 				for _, e := range got {
-					claimedBy[e.ID]++
+					claimedBy[e.Seq]++
 					if unordered {
 						continue
 					}
-					for _, prev := range earlier[e.ID] {
+					for _, prev := range earlier[e.Seq] {
 						if !inClaim[prev] && !completing[prev] {
-							violations = append(violations, fmt.Sprintf("event %d claimed while earlier event %d of its aggregate was neither completed nor in the claim", e.ID, prev))
+							violations = append(violations, fmt.Sprintf("event %d claimed while earlier event %d of its aggregate was neither completed nor in the claim", e.Seq, prev))
 						}
 					}
 				}
 				for _, e := range got {
-					completing[e.ID] = true
+					completing[e.Seq] = true
 				}
 				mu.Unlock()
 				if err := c.Complete(ctx, ids(got), nil); err != nil {
@@ -362,7 +362,7 @@ func newRecorder() *recorder { return &recorder{count: make(map[string]int)} }
 func (r *recorder) Publish(ctx context.Context, e *core.Event) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.count[e.UID]++
+	r.count[e.ID]++
 	return nil
 }
 
@@ -430,13 +430,13 @@ func testRelayDrains(t *testing.T, in Instance) {
 	drain(ctx, t, in, rec)
 	got := rec.snapshot()
 	for _, e := range committed {
-		if got[e.UID] != 1 {
-			t.Errorf("committed event %s published %d times, want 1", e.UID, got[e.UID])
+		if got[e.ID] != 1 {
+			t.Errorf("committed event %s published %d times, want 1", e.ID, got[e.ID])
 		}
 	}
 	for _, e := range rolledBack {
-		if got[e.UID] != 0 {
-			t.Errorf("rolled-back event %s was published", e.UID)
+		if got[e.ID] != 0 {
+			t.Errorf("rolled-back event %s was published", e.ID)
 		}
 	}
 }
@@ -461,8 +461,8 @@ func crashAfterPublish(t *testing.T, in Instance, end func(ctx context.Context, 
 	drain(ctx, t, in, rec)
 	got := rec.snapshot()
 	for _, e := range evs {
-		if got[e.UID] != 2 {
-			t.Errorf("event %d published %d times, want 2 (before and after the crash)", e.ID, got[e.UID])
+		if got[e.ID] != 2 {
+			t.Errorf("event %d published %d times, want 2 (before and after the crash)", e.Seq, got[e.ID])
 		}
 	}
 }
@@ -490,12 +490,12 @@ func testUnlistedStayPending(t *testing.T, in Instance) {
 	ctx := testCtx(t)
 	evs := produce(ctx, t, in, aggX, aggY, aggZ)
 	c := claim(ctx, t, in, 10, true)
-	complete(ctx, t, c, []int64{evs[1].ID}, nil)
-	if p := pending(ctx, t, in); !slices.Equal(p, []int64{evs[0].ID, evs[2].ID}) {
+	complete(ctx, t, c, []int64{evs[1].Seq}, nil)
+	if p := pending(ctx, t, in); !slices.Equal(p, []int64{evs[0].Seq, evs[2].Seq}) {
 		t.Fatalf("pending = %v, want the two unlisted events", p)
 	}
 	c = claim(ctx, t, in, 10, false)
-	if got := ids(c.Events()); !slices.Equal(got, []int64{evs[0].ID, evs[2].ID}) {
+	if got := ids(c.Events()); !slices.Equal(got, []int64{evs[0].Seq, evs[2].Seq}) {
 		t.Fatalf("reclaimed %v, want the unlisted events", got)
 	}
 	if c.Events()[0].Attempts != 0 {
@@ -509,8 +509,8 @@ func testRetryAt(t *testing.T, in Instance) {
 	evs := produce(ctx, t, in, aggX, aggY)
 	c := claim(ctx, t, in, 10, false)
 	retryAt := time.Now().Add(400 * time.Millisecond)
-	complete(ctx, t, c, []int64{evs[1].ID}, []core.Failure{{ID: evs[0].ID, Reason: "broker said no", RetryAt: retryAt}})
-	if p := pending(ctx, t, in); !slices.Equal(p, []int64{evs[0].ID}) {
+	complete(ctx, t, c, []int64{evs[1].Seq}, []core.Failure{{Seq: evs[0].Seq, Reason: "broker said no", RetryAt: retryAt}})
+	if p := pending(ctx, t, in); !slices.Equal(p, []int64{evs[0].Seq}) {
 		t.Fatalf("pending = %v, want the failed event", p)
 	}
 	for _, unordered := range []bool{false, true} {
@@ -534,8 +534,8 @@ func testRetryAt(t *testing.T, in Instance) {
 	if early := time.Until(retryAt); early > 50*time.Millisecond {
 		t.Fatalf("claimed %v before its retry time", early)
 	}
-	if got.ID != evs[0].ID || got.Attempts != 1 {
-		t.Fatalf("reclaimed event %d with %d attempts, want event %d with 1", got.ID, got.Attempts, evs[0].ID)
+	if got.Seq != evs[0].Seq || got.Attempts != 1 {
+		t.Fatalf("reclaimed event %d with %d attempts, want event %d with 1", got.Seq, got.Attempts, evs[0].Seq)
 	}
 }
 
@@ -547,8 +547,8 @@ func testZeroRetryAtHolds(t *testing.T, in Instance) {
 	held, clock := evs[0], evs[1]
 	c := claim(ctx, t, in, 10, true)
 	complete(ctx, t, c, nil, []core.Failure{
-		{ID: held.ID, Reason: "permanent: too large"},
-		{ID: clock.ID, Reason: "timeout", RetryAt: time.Now().Add(150 * time.Millisecond)},
+		{Seq: held.Seq, Reason: "permanent: too large"},
+		{Seq: clock.Seq, Reason: "timeout", RetryAt: time.Now().Add(150 * time.Millisecond)},
 	})
 	for _, unordered := range []bool{false, true} {
 		var got []int64
@@ -558,11 +558,11 @@ func testZeroRetryAtHolds(t *testing.T, in Instance) {
 			release(ctx, t, c)
 			return len(got) > 0
 		})
-		if !slices.Equal(got, []int64{clock.ID}) {
-			t.Fatalf("unordered=%v: claimed %v, want only the retrying event %d; the held one must stay held", unordered, got, clock.ID)
+		if !slices.Equal(got, []int64{clock.Seq}) {
+			t.Fatalf("unordered=%v: claimed %v, want only the retrying event %d; the held one must stay held", unordered, got, clock.Seq)
 		}
 	}
-	if p := pending(ctx, t, in); !slices.Equal(p, []int64{held.ID, clock.ID}) {
+	if p := pending(ctx, t, in); !slices.Equal(p, []int64{held.Seq, clock.Seq}) {
 		t.Fatalf("pending = %v, want both failed events", p)
 	}
 }
@@ -575,14 +575,14 @@ func testGateOpenClaim(t *testing.T, in Instance) {
 		t.Fatalf("claim A = %v, want the first two events of X %v", got, ids(evs[:2]))
 	}
 	b := claim(ctx, t, in, 100, false)
-	want := []int64{evs[2].ID, evs[4].ID, evs[5].ID}
+	want := []int64{evs[2].Seq, evs[4].Seq, evs[5].Seq}
 	if got := ids(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("ordered claim B = %v, want Y and Z only %v: no later event of X while A holds its earlier ones", got, want)
 	}
 	release(ctx, t, b)
 
 	u := claim(ctx, t, in, 100, true)
-	want = []int64{evs[2].ID, evs[3].ID, evs[4].ID, evs[5].ID}
+	want = []int64{evs[2].Seq, evs[3].Seq, evs[4].Seq, evs[5].Seq}
 	if got := ids(u.Events()); !slices.Equal(got, want) {
 		t.Fatalf("unordered claim = %v, want %v: the gate does not apply", got, want)
 	}
@@ -591,7 +591,7 @@ func testGateOpenClaim(t *testing.T, in Instance) {
 	// Once A is recorded, the rest of X is free.
 	complete(ctx, t, a, ids(a.Events()), nil)
 	b = claim(ctx, t, in, 100, false)
-	want = []int64{evs[2].ID, evs[3].ID, evs[4].ID, evs[5].ID}
+	want = []int64{evs[2].Seq, evs[3].Seq, evs[4].Seq, evs[5].Seq}
 	if got := ids(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("after A completed, claim = %v, want %v", got, want)
 	}
@@ -604,17 +604,17 @@ func testGateHeld(t *testing.T, in Instance, retryAt time.Time) {
 	ctx := testCtx(t)
 	evs := produce(ctx, t, in, aggX, aggY, aggX, aggZ, aggX)
 	c := claim(ctx, t, in, 1, false)
-	complete(ctx, t, c, nil, []core.Failure{{ID: evs[0].ID, Reason: "rejected", RetryAt: retryAt}})
+	complete(ctx, t, c, nil, []core.Failure{{Seq: evs[0].Seq, Reason: "rejected", RetryAt: retryAt}})
 
 	c = claim(ctx, t, in, 100, false)
-	want := []int64{evs[1].ID, evs[3].ID}
+	want := []int64{evs[1].Seq, evs[3].Seq}
 	if got := ids(c.Events()); !slices.Equal(got, want) {
 		t.Fatalf("ordered claim = %v, want %v: a failed event of X holds back later X events only", got, want)
 	}
 	release(ctx, t, c)
 
 	c = claim(ctx, t, in, 100, true)
-	want = []int64{evs[1].ID, evs[2].ID, evs[3].ID, evs[4].ID}
+	want = []int64{evs[1].Seq, evs[2].Seq, evs[3].Seq, evs[4].Seq}
 	if got := ids(c.Events()); !slices.Equal(got, want) {
 		t.Fatalf("unordered claim = %v, want %v: the gate does not apply", got, want)
 	}
@@ -632,7 +632,7 @@ func testGateInFlight(t *testing.T, in Instance) {
 	if got := ids(a.Events()); !slices.Equal(got, ids(evs[:2])) {
 		t.Fatalf("claim A = %v, want the first two events of X %v", got, ids(evs[:2]))
 	}
-	inFlight := func(req core.ClaimRequest) core.Claim {
+	inFlight := func(req core.ClaimOptions) core.Claim {
 		t.Helper()
 		c, err := in.Store().Claim(ctx, req)
 		if err != nil {
@@ -642,25 +642,25 @@ func testGateInFlight(t *testing.T, in Instance) {
 		return c
 	}
 
-	b := inFlight(core.ClaimRequest{Limit: 100, InFlight: ids(a.Events())})
-	want := []int64{evs[2].ID, evs[3].ID, evs[4].ID, evs[5].ID}
+	b := inFlight(core.ClaimOptions{Limit: 100, InFlight: ids(a.Events())})
+	want := []int64{evs[2].Seq, evs[3].Seq, evs[4].Seq, evs[5].Seq}
 	if got := ids(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("claim B with A's events in flight = %v, want the rest of X with Y and Z %v", got, want)
 	}
 	release(ctx, t, b)
 
 	// X's second event failed: listed without it, X stays back.
-	b = inFlight(core.ClaimRequest{Limit: 100, InFlight: ids(a.Events()[:1])})
-	want = []int64{evs[2].ID, evs[4].ID}
+	b = inFlight(core.ClaimOptions{Limit: 100, InFlight: ids(a.Events()[:1])})
+	want = []int64{evs[2].Seq, evs[4].Seq}
 	if got := ids(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("claim B with only X's first event in flight = %v, want Y and Z only %v", got, want)
 	}
 	release(ctx, t, b)
 
 	// In flight, events stay in their claim: a new claim never returns them.
-	b = inFlight(core.ClaimRequest{Limit: 100, Unordered: true, InFlight: ids(a.Events())})
+	b = inFlight(core.ClaimOptions{Limit: 100, Unordered: true, InFlight: ids(a.Events())})
 	for _, id := range ids(b.Events()) {
-		if id == evs[0].ID || id == evs[1].ID {
+		if id == evs[0].Seq || id == evs[1].Seq {
 			t.Fatalf("unordered claim with A's events in flight returned A's event %d", id)
 		}
 	}

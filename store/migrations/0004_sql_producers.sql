@@ -4,13 +4,13 @@
 
 -- A time-ordered UUID (version 7, as the Go writer makes): 48 bits of Unix
 -- milliseconds, then random bits with the version set to 7.
-CREATE FUNCTION {{.UIDFunc}}() RETURNS uuid LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+CREATE FUNCTION {{.EventIDFunc}}() RETURNS uuid LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
         PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
         FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
 $$;
 
-ALTER TABLE {{.Outbox}} ALTER COLUMN uid SET DEFAULT {{.UIDFunc}}();
+ALTER TABLE {{.Outbox}} ALTER COLUMN uid SET DEFAULT {{.EventIDFunc}}();
 
 -- Rows that already share a uid: consumers would drop all but the first as
 -- duplicates. Later ones get a fresh uid so the unique index can be built;
@@ -20,14 +20,14 @@ WITH dup AS (
     SELECT id, uid, row_number() OVER (PARTITION BY uid ORDER BY id) AS n FROM {{.Outbox}}
 )
 UPDATE {{.Outbox}} AS o
-SET uid = {{.UIDFunc}}(),
+SET uid = {{.EventIDFunc}}(),
     parked_at = CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN now() ELSE o.parked_at END,
     parked_reason = CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL
         THEN 'migration 4: uid ' || dup.uid || ' was already used by an earlier event; given a new uid'
         ELSE o.parked_reason END
 FROM dup WHERE dup.id = o.id AND dup.n > 1;
 
-CREATE UNIQUE INDEX {{.UIDIdx}} ON {{.Outbox}} (uid);
+CREATE UNIQUE INDEX {{.EventIDIdx}} ON {{.Outbox}} (uid);
 
 -- Pending rows that break the checks below are held for an operator first,
 -- as the relay would hold them, so the checks hold for every row. A held,

@@ -125,7 +125,7 @@ func drain(t *testing.T, c drainCase, events int) float64 {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.admin.Exec(ctx, `INSERT INTO `+tbl+` (uid, aggregate_id, type, payload, created_at)
+	if _, err := e.admin.Exec(ctx, `INSERT INTO `+tbl+` (event_id, aggregate_id, type, payload, created_at)
 SELECT gen_random_uuid(), md5((g % $2)::text)::uuid, 'order.changed', '{"seq":1}',
        now() - interval '1 hour' + g * interval '1 microsecond'
 FROM generate_series(1, $1) AS g`, events, c.aggregates); err != nil {

@@ -47,7 +47,7 @@ func newChecker() *checker {
 func (c *checker) record(e *core.Event) error {
 	var p payload
 	if err := json.Unmarshal(e.Payload, &p); err != nil {
-		return fmt.Errorf("checker: event %d payload %s: %w", e.ID, e.Payload, err)
+		return fmt.Errorf("checker: event %d payload %s: %w", e.Seq, e.Payload, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -60,8 +60,8 @@ func (c *checker) record(e *core.Event) error {
 	key := fmt.Sprintf("%s/%d", e.AggregateID, p.Seq)
 	if s[p.Seq] {
 		c.duplicates++
-		if c.uids[key] != e.UID {
-			c.violations = append(c.violations, fmt.Sprintf("aggregate %s seq %d: uid %s, earlier %s", e.AggregateID, p.Seq, e.UID, c.uids[key]))
+		if c.uids[key] != e.ID {
+			c.violations = append(c.violations, fmt.Sprintf("aggregate %s seq %d: uid %s, earlier %s", e.AggregateID, p.Seq, e.ID, c.uids[key]))
 		}
 		return nil
 	}
@@ -69,7 +69,7 @@ func (c *checker) record(e *core.Event) error {
 		c.violations = append(c.violations, fmt.Sprintf("aggregate %s: seq %d arrived after %d", e.AggregateID, p.Seq, m))
 	}
 	s[p.Seq] = true
-	c.uids[key] = e.UID
+	c.uids[key] = e.ID
 	c.max[e.AggregateID] = max(c.max[e.AggregateID], p.Seq)
 	return nil
 }

@@ -172,16 +172,16 @@ func TestSecondClaimSkipsAnAggregateHeldByTheFirst(t *testing.T) {
 				t.Fatal(err)
 			}
 			x, y := uuid.NewString(), uuid.NewString()
-			if _, err := e.admin.Exec(ctx, `INSERT INTO `+e.table()+` (uid, aggregate_id, type, payload)
+			if _, err := e.admin.Exec(ctx, `INSERT INTO `+e.table()+` (event_id, aggregate_id, type, payload)
 				VALUES (gen_random_uuid(), $1, 'x.1', '{}'), (gen_random_uuid(), $1, 'x.2', '{}'), (gen_random_uuid(), $2, 'y.1', '{}')`, x, y); err != nil {
 				t.Fatal(err)
 			}
-			first, err := st.Claim(ctx, core.ClaimRequest{Limit: 1, Unordered: unordered})
+			first, err := st.Claim(ctx, core.ClaimOptions{Limit: 1, Unordered: unordered})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer func() { _ = first.Release(ctx) }()
-			second, err := st.Claim(ctx, core.ClaimRequest{Limit: 10, Unordered: unordered})
+			second, err := st.Claim(ctx, core.ClaimOptions{Limit: 10, Unordered: unordered})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -45,7 +45,7 @@ func (b *routedBroker) Publish(_ context.Context, e *core.Event) error {
 		return core.Permanent(fmt.Errorf("broker rejected a message of %d bytes: MESSAGE_TOO_LARGE (limit %d)", len(e.Payload), limit))
 	}
 	b.mu.Lock()
-	b.got = append(b.got, delivered{e.ID, e.UID, topic})
+	b.got = append(b.got, delivered{e.Seq, e.ID, topic})
 	b.mu.Unlock()
 	return nil
 }
@@ -141,7 +141,7 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ids []int64
-		rows, err := tx.Query(ctx, `SELECT id FROM `+e.table()+` WHERE aggregate_id = $1 AND dispatched_at IS NULL ORDER BY id`, agg)
+		rows, err := tx.Query(ctx, `SELECT seq FROM `+e.table()+` WHERE aggregate_id = $1 AND dispatched_at IS NULL ORDER BY seq`, agg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,13 +193,13 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 	}
 
 	heldNow := func() map[int64]store.StuckEvent {
-		list, err := st.Stuck(ctx, store.StuckQuery{})
+		list, err := st.Stuck(ctx, store.StuckOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := map[int64]store.StuckEvent{}
 		for _, s := range list {
-			m[s.ID] = s
+			m[s.Seq] = s
 		}
 		return m
 	}
@@ -256,16 +256,16 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 	}
 
 	// Park the oversized one: its aggregate proceeds without it.
-	uid := tooBig.UID
-	if n, err := st.Park(ctx, store.Selector{IDs: bigIDs[1:2]}, "payload over the broker limit"); err != nil || n != 1 {
+	uid := tooBig.ID
+	if n, err := st.Park(ctx, store.Selector{Seqs: bigIDs[1:2]}, "payload over the broker limit"); err != nil || n != 1 {
 		t.Fatalf("Park = %d, %v", n, err)
 	}
 	waitFor(t, 30*time.Second, "the event behind the parked one", func() bool { return allOut(bigIDs[2]) })
 	if len(heldNow()) != 0 {
 		t.Fatalf("Stuck still lists %+v", heldNow())
 	}
-	list, err := st.Stuck(ctx, store.StuckQuery{IncludeParked: true})
-	if err != nil || len(list) != 1 || list[0].ID != bigIDs[1] || list[0].ParkedReason != "payload over the broker limit" {
+	list, err := st.Stuck(ctx, store.StuckOptions{IncludeParked: true})
+	if err != nil || len(list) != 1 || list[0].Seq != bigIDs[1] || list[0].ParkedReason != "payload over the broker limit" {
 		t.Fatalf("Stuck with parked = %+v, %v", list, err)
 	}
 

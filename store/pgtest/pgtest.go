@@ -86,3 +86,29 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// EnvWALLevel names the variable scripts/services.sh sets to "logical"
+// when it starts a server with wal_level=logical: the log relay's tests
+// then fail, instead of skipping, on a server without it.
+const EnvWALLevel = "OUTBOX_TEST_WAL_LEVEL"
+
+// Logical skips the test unless the test server runs with
+// wal_level=logical, which the log relay needs; under CI, or with
+// OUTBOX_TEST_WAL_LEVEL=logical, such a server fails the test instead.
+func Logical(t testing.TB) {
+	t.Helper()
+	pool := NewPool(t)
+	var level string
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatalf("read wal_level: %v", err)
+	}
+	if level == "logical" {
+		return
+	}
+	if os.Getenv(EnvWALLevel) == "logical" || os.Getenv("CI") != "" {
+		t.Fatalf("the test server has wal_level=%s, but %s or CI asks for logical; run the tests with `make test`", level, EnvWALLevel)
+	}
+	t.Skipf("the test server has wal_level=%s; the log relay needs logical (`make test` starts such a server)", level)
+}

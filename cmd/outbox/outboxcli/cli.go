@@ -84,18 +84,32 @@ func newRoot(out, errOut io.Writer) (*cobra.Command, *masker) {
 // extraCommands are added by other files of this package.
 var extraCommands []func() *cobra.Command
 
-// env is the parsed configuration and what it opens, for one command.
-type env struct {
+// app is the parsed configuration and what it opens, for one command.
+type app struct {
 	cfg    *Config
 	loader *Loader
 	log    *slog.Logger
 	out    io.Writer
-	mask   *masker // of the command line's output, which the log and out go through
+	mask   *masker      // of the command line's output, which the log and out go through
+	slots  *slotMetrics // the slot's gauges, when relay.mode log serves /metrics
+	stops  []func(context.Context)
+}
+
+// onStop runs fn when the command's work has stopped (see stopped), such
+// as to flush buffered spans.
+func (e *app) onStop(fn func(context.Context)) { e.stops = append(e.stops, fn) }
+
+// stopped runs the functions of onStop, last added first.
+func (e *app) stopped(ctx context.Context) {
+	for i := len(e.stops) - 1; i >= 0; i-- {
+		e.stops[i](ctx)
+	}
+	e.stops = nil
 }
 
 // setup loads the configuration and hands its secrets to the command
 // line's masker before anything is logged.
-func setup(cmd *cobra.Command) (*env, error) {
+func setup(cmd *cobra.Command) (*app, error) {
 	m := commandMasker(cmd)
 	environ := os.Environ()
 	m.add(environSecrets(environ)...)
@@ -107,7 +121,7 @@ func setup(cmd *cobra.Command) (*env, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, usagef("invalid configuration:\n%w", err)
 	}
-	return &env{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout(), mask: m}, nil
+	return &app{cfg: cfg, loader: loader, log: newLogger(cmd.ErrOrStderr(), cfg.Log), out: cmd.OutOrStdout(), mask: m}, nil
 }
 
 func newLogger(w io.Writer, c LogConfig) *slog.Logger {
@@ -123,7 +137,7 @@ func newLogger(w io.Writer, c LogConfig) *slog.Logger {
 // openPool connects to the database. The URL is only ever printed
 // redacted, and the password pgx settled on (from the URL, PGPASSWORD or
 // a password file) joins the masked secrets.
-func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
+func (e *app) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
 	if err != nil {
 		return nil, usagef("database_url: %w", err)
@@ -153,7 +167,7 @@ func (e *env) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 
 // openStore connects, checks that the schema is migrated and returns the
 // store; closing st.Pool() releases it.
-func (e *env) openStore(ctx context.Context, appName string) (*store.Store, error) {
+func (e *app) openStore(ctx context.Context, appName string) (*store.Store, error) {
 	pool, err := e.openPool(ctx, appName)
 	if err != nil {
 		return nil, err

@@ -19,27 +19,31 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 // Config is the whole configuration of the outbox binary. It is read from
 // defaults, a YAML file (--config), environment variables and flags, each
 // overriding the one before.
 type Config struct {
-	DatabaseURL string          `koanf:"database_url"`
-	Store       store.Config    `koanf:"store"`
-	Broker      string          `koanf:"broker"`
-	Brokers     map[string]any  `koanf:"brokers"` // one section per broker, decoded by its adapter
-	Routing     brokers.Routing `koanf:"routing"`
-	Relay       RelayConfig     `koanf:"relay"`
-	Database    DatabaseConfig  `koanf:"database"`
-	Producer    ProducerConfig  `koanf:"producer"`
-	Log         LogConfig       `koanf:"log"`
-	HTTP        HTTPConfig      `koanf:"http"`
-	Retention   RetentionConfig `koanf:"retention"`
-	Tracing     TracingConfig   `koanf:"tracing"`
-	Stuck       StuckConfig     `koanf:"stuck"`
+	DatabaseURL string            `koanf:"database_url"`
+	Store       store.Config      `koanf:"store"`
+	Broker      string            `koanf:"broker"`
+	Brokers     map[string]any    `koanf:"brokers"` // one section per broker, decoded by its adapter
+	Routing     brokers.Routing   `koanf:"routing"`
+	Relay       RelayConfig       `koanf:"relay"`
+	Database    DatabaseConfig    `koanf:"database"`
+	Producer    ProducerConfig    `koanf:"producer"`
+	Log         LogConfig         `koanf:"log"`
+	HTTP        HTTPConfig        `koanf:"http"`
+	Retention   RetentionConfig   `koanf:"retention"`
+	Tracing     TracingConfig     `koanf:"tracing"`
+	Stuck       StuckConfig       `koanf:"stuck"`
+	Console     ConsoleConfig     `koanf:"console"`
+	CloudEvents CloudEventsConfig `koanf:"cloudevents"`
 }
 
 // RelayConfig tunes the relay (see core.Options).
@@ -54,6 +58,24 @@ type RelayConfig struct {
 	Wakeups         bool          `koanf:"wakeups"`
 	RetryMin        time.Duration `koanf:"retry_min"`
 	RetryMax        time.Duration `koanf:"retry_max"`
+	// Mode is where the relay finds events: "table" claims them from the
+	// outbox table; "log" reads them from a logical replication slot
+	// (rows of the table and log-only messages) and runs the table path
+	// only for events handed to the table (see package walrelay).
+	Mode string         `koanf:"mode"`
+	Log  LogRelayConfig `koanf:"log"`
+}
+
+// LogRelayConfig tunes the log relay (see walrelay.Options).
+type LogRelayConfig struct {
+	Slot             string        `koanf:"slot"`        // default outbox_<schema>_<table>
+	Publication      string        `koanf:"publication"` // default: the slot's name
+	CreateSlot       bool          `koanf:"create_slot"`
+	MaxInFlight      int           `koanf:"max_in_flight"`
+	StatusInterval   time.Duration `koanf:"status_interval"`
+	ReceiveTimeout   time.Duration `koanf:"receive_timeout"`
+	WALSenderTimeout time.Duration `koanf:"wal_sender_timeout"`
+	StandbyInterval  time.Duration `koanf:"standby_interval"`
 }
 
 // DatabaseConfig tunes the relay's connection pool.
@@ -95,6 +117,27 @@ type TracingConfig struct {
 	Enabled bool `koanf:"enabled"`
 }
 
+// CloudEventsConfig turns on the CloudEvents binary-mode binding of the
+// broker (see brokers.CloudEvents).
+type CloudEventsConfig struct {
+	Enabled bool   `koanf:"enabled"`
+	Source  string `koanf:"source"` // the source attribute; required when enabled
+}
+
+// ConsoleConfig is the operator console and its API (package console),
+// served on http.listen by `outbox relay` when enabled, and by `outbox
+// console`. The credentials belong in the environment
+// (OUTBOX_CONSOLE_TOKEN, OUTBOX_CONSOLE_PASSWORD); they are never printed.
+type ConsoleConfig struct {
+	Enabled        bool          `koanf:"enabled"`
+	ReadOnly       bool          `koanf:"read_only"`
+	AnonymousReads bool          `koanf:"anonymous_reads"`
+	Token          string        `koanf:"token"`
+	Username       string        `koanf:"username"`
+	Password       string        `koanf:"password"`
+	LagSLO         time.Duration `koanf:"lag_slo"`
+}
+
 // StuckConfig sets when a pending event counts as stuck.
 type StuckConfig struct {
 	After time.Duration `koanf:"after"`
@@ -111,6 +154,10 @@ func Defaults() Config {
 	if err != nil {
 		panic(err)
 	}
+	logRelay, err := walrelay.Options{}.WithDefaults()
+	if err != nil {
+		panic(err)
+	}
 	return Config{
 		Broker: "stdout",
 		// Non-nil maps: the loader merges file and environment into them.
@@ -121,6 +168,12 @@ func Defaults() Config {
 			PollInterval: relay.PollInterval, PublishTimeout: relay.PublishTimeout,
 			ShutdownTimeout: relay.ShutdownTimeout, Wakeups: !relay.DisableWakeups,
 			RetryMin: relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
+			Mode: "table",
+			Log: LogRelayConfig{
+				CreateSlot: true, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
+				ReceiveTimeout: logRelay.ReceiveTimeout, WALSenderTimeout: logRelay.WALSenderTimeout,
+				StandbyInterval: logRelay.StandbyInterval,
+			},
 		},
 		Database: DatabaseConfig{MaxConns: 8, IdleInTransactionTimeout: 2 * time.Minute},
 		Producer: ProducerConfig{MaxPayloadBytes: outbox.DefaultMaxPayloadBytes},
@@ -129,7 +182,8 @@ func Defaults() Config {
 			Enabled: true, Interval: 10 * time.Minute, Dispatched: cleanup.Dispatched,
 			Processed: cleanup.Processed, BatchSize: cleanup.BatchSize,
 		},
-		Stuck: StuckConfig{After: store.DefaultStuckAge},
+		Stuck:   StuckConfig{After: store.DefaultStuckAge},
+		Console: ConsoleConfig{LagSLO: console.DefaultLagSLO},
 	}
 }
 
@@ -155,6 +209,11 @@ func (c *Config) Validate() error {
 	if err := c.Routing.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.CloudEvents.Enabled {
+		if err := (brokers.CloudEvents{Source: c.CloudEvents.Source}).Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	r := c.Relay
 	if r.BatchSize < 1 || r.BatchSize > core.MaxBatchSize {
 		bad("relay.batch_size", "%d is not between 1 and %d", r.BatchSize, core.MaxBatchSize)
@@ -178,6 +237,32 @@ func (c *Config) Validate() error {
 		if d.v <= 0 {
 			bad(d.field, "must be a positive duration such as 500ms or 30s")
 		}
+	}
+	switch r.Mode {
+	case "table":
+	case "log":
+		if _, err := c.LogRelayOptions(nil, nil).WithDefaults(); err != nil {
+			bad("relay.log", "%s", strings.TrimPrefix(err.Error(), "log relay options: "))
+		}
+	default:
+		bad("relay.mode", "%q is not table or log", r.Mode)
+	}
+	if r.Log.MaxInFlight < 1 {
+		bad("relay.log.max_in_flight", "%d is not positive", r.Log.MaxInFlight)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"relay.log.status_interval", r.Log.StatusInterval}, {"relay.log.receive_timeout", r.Log.ReceiveTimeout},
+		{"relay.log.standby_interval", r.Log.StandbyInterval},
+	} {
+		if d.v <= 0 {
+			bad(d.field, "must be a positive duration such as 1s")
+		}
+	}
+	if r.Log.WALSenderTimeout < 0 {
+		bad("relay.log.wal_sender_timeout", "is negative (0 keeps the server's setting)")
 	}
 	if r.RetryMax < r.RetryMin {
 		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
@@ -215,8 +300,45 @@ func (c *Config) Validate() error {
 	if c.Stuck.After <= 0 {
 		bad("stuck.after", "must be positive")
 	}
+	errs = append(errs, c.Console.validate(c.Console.Enabled)...)
+	if c.Console.Enabled && c.HTTP.Listen == "" {
+		bad("console.enabled", "needs http.listen, the address the console is served on")
+	}
 	return errors.Join(errs...)
 }
+
+// validate checks the console section; checkAccess also when the console
+// is served by a command that needs no console.enabled.
+func (c ConsoleConfig) validate(checkAccess bool) []error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	if c.LagSLO <= 0 {
+		bad("console.lag_slo", "must be positive")
+	}
+	if !checkAccess {
+		return errs
+	}
+	// The lengths are checked, never the values, which stay out of errors.
+	if c.Token == "" && c.Username == "" && !c.AnonymousReads {
+		bad("console", "no credentials: set console.token (OUTBOX_CONSOLE_TOKEN) or console.username and console.password, "+
+			"or console.anonymous_reads for a console anyone on the network can read and no one can act in")
+	}
+	if c.Token != "" && len(c.Token) < consoleMinSecret {
+		bad("console.token", "is %d bytes; use at least %d random bytes", len(c.Token), consoleMinSecret)
+	}
+	if (c.Username == "") != (c.Password == "") {
+		bad("console.username", "and console.password go together")
+	}
+	if c.Password != "" && len(c.Password) < consoleMinSecret {
+		bad("console.password", "is %d bytes; use at least %d", len(c.Password), consoleMinSecret)
+	}
+	return errs
+}
+
+// consoleMinSecret is the shortest console token or password accepted.
+const consoleMinSecret = console.MinSecretBytes
 
 // StoreConfig converts the store section.
 func (c *Config) StoreConfig() store.Config {
@@ -232,6 +354,24 @@ func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options 
 		Unordered: r.Unordered, DisableWakeups: !r.Wakeups,
 		RetryBackoff: core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
 		Logger:       log, Observer: obs,
+	}
+}
+
+// LogRelayOptions converts the relay section for the log relay.
+func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) walrelay.Options {
+	r := c.Relay
+	wst := r.Log.WALSenderTimeout
+	if wst == 0 {
+		wst = -1 // keep the server's
+	}
+	return walrelay.Options{
+		Store: c.StoreConfig(), Slot: walrelay.Slot{Name: r.Log.Slot, Publication: r.Log.Publication},
+		CreateSlot: r.Log.CreateSlot, Lanes: r.Lanes, MaxInFlight: r.Log.MaxInFlight,
+		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
+		RetryBackoff:   core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
+		StatusInterval: r.Log.StatusInterval, ReceiveTimeout: r.Log.ReceiveTimeout,
+		WALSenderTimeout: wst, StandbyInterval: r.Log.StandbyInterval,
+		Logger: log, Observer: obs,
 	}
 }
 
@@ -260,6 +400,7 @@ var flagKeys = map[string]string{
 	"batch-size":   "relay.batch_size",
 	"lanes":        "relay.lanes",
 	"unordered":    "relay.unordered",
+	"mode":         "relay.mode",
 	"no-wakeups":   "relay.wakeups",
 	"http-listen":  "http.listen",
 	"log-format":   "log.format",
@@ -291,6 +432,7 @@ func AddRelayFlags(fs *pflag.FlagSet) {
 	fs.Int("batch-size", 0, "events per claim (default 500)")
 	fs.Int("lanes", 0, "concurrent publishes (default 64)")
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")
+	fs.String("mode", "", "where events come from: table (claim the outbox table) or log (a logical replication slot)")
 	fs.Bool("no-wakeups", false, "poll only, no LISTEN/NOTIFY (for PgBouncer transaction pooling)")
 	fs.String("http-listen", "", "address for /metrics, /healthz and /readyz, such as :9090")
 }

@@ -98,20 +98,33 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Schema, sc.ProcessedTable}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_uuidv7"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_notify"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_handoff"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_schedule"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_write"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table}.Sanitize(),
+		pgx.Identifier{sc.Table + "_reserved_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_deliver_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_payload_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_ctype_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_topic_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_key_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_schedule"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_headers_check"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_type_check"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_notify"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_uid"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_handoff_agg"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending_agg"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_retrying"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_failed"}.Sanitize(),
 		pgx.Identifier{sc.ProcessedTable + "_at"}.Sanitize(),
 		pgx.Identifier{sc.Schema}.Sanitize(),
 		pgx.Identifier{role}.Sanitize(),
-		// String literals that hold double quotes: the header check's path
-		// and the notify channel (its quoting is tested against a server).
+		// Literals that hold double quotes: the header check's path, a
+		// collation and the notify channel (its quoting is tested against a server).
 		`'$.* ? (@.type() != "string")'`,
+		`COLLATE "C"`, // migration 7's byte-wise key column
 		"E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(sc.NotifyChannel) + "'",
 	}
 	for _, s := range sql {

@@ -131,6 +131,7 @@ func TestValidateNamesFields(t *testing.T) {
 		{"claim bytes", "database_url: postgres://x/y\nstore: {max_event_bytes: 2000, max_claim_bytes: 1000}\n", "max_claim_bytes"},
 		{"idle timeout", "database_url: postgres://x/y\ndatabase: {idle_in_transaction_timeout: 1s}\n", "database.idle_in_transaction_timeout"},
 		{"routing", "database_url: postgres://x/y\nrouting: {types: {order.placed: \"\"}}\n", "routing.types"},
+		{"cloudevents source", "database_url: postgres://x/y\ncloudevents: {enabled: true}\n", "cloudevents.source"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

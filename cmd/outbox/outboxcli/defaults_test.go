@@ -10,8 +10,10 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 // The defaults are stated once, in the library packages; the binary's
@@ -23,6 +25,10 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := store.Config{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr, err := walrelay.Options{}.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +54,15 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"store.max_claim_bytes", st.MaxClaimBytes, storeDefaults(t, d).MaxClaimBytes, true},
 		{"producer.max_payload_bytes", outbox.DefaultMaxPayloadBytes, d.Producer.MaxPayloadBytes, true},
 		{"stuck.after", store.DefaultStuckAge, d.Stuck.After, true},
+		{"console.lag_slo", console.DefaultLagSLO, d.Console.LagSLO, true},
+		{"console.enabled", false, d.Console.Enabled, true},
+		{"relay.mode", "table", d.Relay.Mode, false},
+		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, false},
+		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, false},
+		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, false},
+		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, false},
+		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, false},
+		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, false},
 	}
 	readme := readmeDefaults(t)
 	example := exampleValues(t)

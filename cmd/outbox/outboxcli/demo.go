@@ -59,7 +59,7 @@ type demoOrder struct {
 	Amount     int    `json:"amount_cents"`
 }
 
-func (e *env) runDemo(ctx context.Context, orders int) error {
+func (e *app) runDemo(ctx context.Context, orders int) error {
 	out := e.out
 	say := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
 	pool, err := e.openPool(ctx, "outbox-demo")

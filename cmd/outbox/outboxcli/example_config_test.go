@@ -27,9 +27,9 @@ func TestExampleConfigIsValid(t *testing.T) {
 	}
 	// Each adapter's own settings type refuses unknown keys.
 	var (
-		k kafka.Settings
-		a amqp.Settings
-		g googlecloud.Settings
+		k kafka.Config
+		a amqp.Config
+		g googlecloud.Config
 	)
 	for name, v := range map[string]any{"kafka": &k, "amqp": &a, "googlecloud": &g} {
 		if err := l.Section(name).Decode(v); err != nil {

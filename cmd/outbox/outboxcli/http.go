@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
@@ -25,7 +26,7 @@ func init() { relayHooks = append(relayHooks, startHTTP) }
 
 // startHTTP serves /metrics, /healthz and /readyz when http.listen is set,
 // and returns the metrics observer for the relay.
-func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error) {
+func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error) {
 	addr := e.cfg.HTTP.Listen
 	if addr == "" {
 		return nil, nil
@@ -37,6 +38,9 @@ func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher,
 	if err != nil {
 		return nil, err
 	}
+	if e.cfg.Relay.Mode == "log" {
+		e.slots = newSlotMetrics(reg)
+	}
 	poller, err := metrics.NewPoller(st, metrics.PollerOptions{Registerer: reg, StuckAfter: e.cfg.Stuck.After, Logger: e.log})
 	if err != nil {
 		return nil, err
@@ -45,26 +49,93 @@ func startHTTP(ctx context.Context, e *env, st *store.Store, pub core.Publisher,
 	if err != nil {
 		return nil, fmt.Errorf("http.listen %s: %w", addr, err)
 	}
-	checks := readinessChecks(st.Ping, pub, progressCheck(relay, time.Now(), staleAfter(e.cfg.Relay)))
-	// /readyz shows the failures, which may quote a connection setting.
-	for i, c := range checks {
-		checks[i].fn = func(ctx context.Context) error { return e.mask.error(c.fn(ctx)) }
+	ready := func(ctx context.Context) []core.Check {
+		r := relay()
+		if r == nil {
+			return []core.Check{{Name: "progress", Err: errors.New("relay not started")}}
+		}
+		checks := r.Ready(ctx)
+		// /readyz shows the failures, which may quote a connection setting.
+		for i := range checks {
+			checks[i].Err = e.mask.error(checks[i].Err)
+		}
+		return checks
 	}
-	srv := &http.Server{Handler: opsHandler(reg, checks, e.log), ReadHeaderTimeout: 5 * time.Second}
+	mux := opsHandler(reg, ready, e.log)
+	paths := "/metrics /healthz /readyz"
+	if e.cfg.Console.Enabled {
+		name := relayClientName()
+		con, err := e.newConsole(st, func() (string, time.Time) {
+			if r := relay(); r != nil {
+				return name, r.LastProgress()
+			}
+			return name, time.Time{}
+		})
+		if err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+		mountConsole(mux, con)
+		paths += " /console/ /api/v1/"
+	}
 	go poller.Run(ctx)
+	serveHTTP(ctx, e, ln, mux)
+	e.log.Info("http listening", "addr", ln.Addr().String(), "paths", paths)
+	return obs, nil
+}
+
+// serveHTTP serves h on ln until ctx is done, then shuts the server down,
+// giving requests in flight a few seconds.
+func serveHTTP(ctx context.Context, e *app, ln net.Listener, h http.Handler) (done <-chan struct{}) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	stopped := make(chan struct{})
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			e.log.Error("http listener stopped", "error", err)
 		}
 	}()
 	go func() {
+		defer close(stopped)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	e.log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
-	return obs, nil
+	return stopped
+}
+
+// relayClientName is how `outbox status` and the console name this
+// process among the relays: the suffix of its application_name.
+func relayClientName() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
+
+// newConsole builds the console of the configuration over st.
+func (e *app) newConsole(st *store.Store, local func() (string, time.Time)) (*console.Console, error) {
+	c := e.cfg.Console
+	con, err := console.New(console.Options{
+		Store: st, Logger: e.log.With("component", "console"),
+		Token: c.Token, Username: c.Username, Password: c.Password,
+		AnonymousReads: c.AnonymousReads, ReadOnly: c.ReadOnly,
+		StuckAfter: e.cfg.Stuck.After, LagSLO: c.LagSLO, RelayApplication: relayAppName, LocalRelay: local,
+	})
+	if err != nil {
+		return nil, usageError(err)
+	}
+	return con, nil
+}
+
+// mountConsole adds the console's paths to mux, with / leading to it.
+func mountConsole(mux *http.ServeMux, con *console.Console) {
+	for _, p := range console.Paths {
+		mux.Handle(p, con)
+	}
+	mux.Handle("/console", con)
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusFound)
+	})
 }
 
 // topicLabel resolves the topic label through the routing rules, whose
@@ -79,54 +150,18 @@ func topicLabel(r *brokers.Routing) func(*core.Event) string {
 	}
 }
 
-// staleAfter is how long a relay may go without finishing a cycle before
-// it is not ready: a slow batch takes up to a few publish timeouts.
-func staleAfter(r RelayConfig) time.Duration {
-	return max(2*r.PublishTimeout, 30*time.Second) + 3*r.PollInterval
-}
-
-// readinessChecks are the conditions /readyz tests: the database, the
-// broker (every shipped adapter answers pings, through the tracing
-// wrapper too) and the relay's progress.
-func readinessChecks(database func(context.Context) error, pub core.Publisher, relay func(context.Context) error) []check {
-	checks := []check{{"database", database}}
-	if p, ok := pub.(core.Pinger); ok {
-		checks = append(checks, check{"broker", p.Ping})
-	}
-	return append(checks, check{"relay", relay})
-}
-
-// check is one readiness condition.
-type check struct {
-	name string
-	fn   func(ctx context.Context) error
-}
-
-// progressCheck fails when the relay has not completed a cycle within
-// stale, counting from started until its first one.
-func progressCheck(relay func() *core.Relay, started time.Time, stale time.Duration) func(context.Context) error {
-	return func(context.Context) error {
-		r := relay()
-		if r == nil {
-			return errors.New("relay not started")
-		}
-		last := r.LastProgress()
-		if last.IsZero() {
-			last = started
-		}
-		if age := time.Since(last); age > stale {
-			return fmt.Errorf("no completed relay cycle for %s (limit %s)", age.Round(time.Second), stale)
-		}
-		return nil
-	}
-}
-
 // opsHandler serves the metrics of reg and the health endpoints: /healthz
-// answers while the process runs; /readyz runs every check, each bounded,
-// and answers 503 naming the failures.
-func opsHandler(reg prometheus.Gatherer, checks []check, log *slog.Logger) http.Handler {
+// answers while the process runs; /readyz runs the relay's readiness
+// checks (core.Relay.Ready), bounded, and answers 503 naming the failures.
+func opsHandler(reg prometheus.Gatherer, ready func(context.Context) []core.Check, log *slog.Logger) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	healthHandlers(mux, ready, log)
+	return mux
+}
+
+// healthHandlers adds /healthz and /readyz to mux.
+func healthHandlers(mux *http.ServeMux, ready func(context.Context) []core.Check, log *slog.Logger) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -134,33 +169,18 @@ func opsHandler(reg prometheus.Gatherer, checks []check, log *slog.Logger) http.
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
-		results := make(map[string]string, len(checks))
-		var (
-			mu sync.Mutex
-			wg sync.WaitGroup
-		)
-		for _, c := range checks {
-			wg.Go(func() {
-				res := "ok"
-				if err := c.fn(ctx); err != nil {
-					res = err.Error()
-				}
-				mu.Lock()
-				results[c.name] = res
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		results := map[string]string{}
 		status := http.StatusOK
-		for name, res := range results {
-			if res != "ok" {
+		for _, c := range ready(ctx) {
+			results[c.Name] = "ok"
+			if c.Err != nil {
+				results[c.Name] = c.Err.Error()
 				status = http.StatusServiceUnavailable
-				log.Warn("not ready", "check", name, "reason", res)
+				log.Warn("not ready", "check", c.Name, "reason", c.Err)
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(map[string]any{"ready": status == http.StatusOK, "checks": results})
 	})
-	return mux
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // keyNode is one level of the configuration's key tree, built from the
-// koanf tags of Config and of each broker's settings type.
+// koanf tags of Config and of each broker's Config type.
 type keyNode struct {
 	children map[string]*keyNode // nil for a value
 	open     bool                // a map whose keys are data (routing.types), or a section only its broker checks
@@ -23,7 +23,7 @@ type keyNode struct {
 
 var textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
 
-// typeKeys builds the key tree of the settings type t, as the loader's
+// typeKeys builds the key tree of the configuration type t, as the loader's
 // decoder (mapstructure with koanf tags) sees it.
 func typeKeys(t reflect.Type) *keyNode {
 	for t.Kind() == reflect.Pointer {
@@ -60,13 +60,13 @@ func typeKeys(t reflect.Type) *keyNode {
 }
 
 // configKeys is the key tree of Config with a section for each registered
-// broker: checked when the broker was registered with its settings type,
+// broker: checked when the broker was registered with its Config type,
 // open otherwise.
 func configKeys() *keyNode {
 	root := typeKeys(reflect.TypeFor[Config]())
 	bs := &keyNode{children: map[string]*keyNode{}}
 	for _, name := range brokers.Names() {
-		if t, ok := brokers.Settings(name); ok {
+		if t, ok := brokers.ConfigType(name); ok {
 			bs.children[name] = typeKeys(t)
 		} else {
 			bs.children[name] = &keyNode{open: true}
@@ -93,7 +93,7 @@ func (n *keyNode) paths(prefix string) []string {
 // KnownKeys lists every configuration key, sorted: the values that can be
 // set, not the sections that hold them, with each registered broker's
 // keys (brokers.kafka.sasl_password); a broker registered without a
-// settings type is listed as its section, whose keys are not checked.
+// Config type is listed as its section, whose keys are not checked.
 func KnownKeys() []string {
 	root := configKeys()
 	var keys []string

@@ -81,7 +81,7 @@ func TestUnknownConfigurationStopsStartup(t *testing.T) {
 func init() {
 	// A broker registered without a settings type: only its factory knows
 	// its keys.
-	brokers.Register("opaque_test", func(context.Context, brokers.Params) (core.Publisher, error) { return nil, nil })
+	brokers.Register("opaque_test", func(context.Context, brokers.Options) (core.Publisher, error) { return nil, nil })
 }
 
 // Variables that are not configuration, and sections whose keys only

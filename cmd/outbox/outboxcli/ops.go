@@ -26,7 +26,7 @@ func init() {
 const relayAppName = "outbox-relay"
 
 // withStore sets up the command's configuration and store and runs fn.
-func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *env, st *store.Store) error) error {
+func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *app, st *store.Store) error) error {
 	e, err := setup(cmd)
 	if err != nil {
 		return err
@@ -72,6 +72,7 @@ type statusJSON struct {
 	StuckAfterSeconds    float64       `json:"stuck_after_seconds"`
 	Retrying             int64         `json:"retrying"`
 	Held                 int64         `json:"held"`
+	Scheduled            int64         `json:"scheduled"`
 	Parked               int64         `json:"parked"`
 	Replicas             []replicaJSON `json:"relay_sessions"`
 	At                   time.Time     `json:"at"`
@@ -91,14 +92,14 @@ func statusCmd() *cobra.Command {
 		Short: "Show the backlog: pending events, oldest age, publish rate, stuck events, relay sessions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-status", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-status", func(ctx context.Context, e *app, st *store.Store) error {
 				s, err := st.Status(ctx, store.StatusOptions{StuckAfter: e.cfg.Stuck.After, RelayApplication: relayAppName})
 				if err != nil {
 					return err
 				}
 				out := statusJSON{Pending: s.Pending, OldestPendingSeconds: seconds(s.OldestPendingAge),
 					DispatchedLastMinute: s.DispatchedLastMinute, Stuck: s.Stuck, StuckAfterSeconds: seconds(e.cfg.Stuck.After),
-					Retrying: s.Retrying, Held: s.Held, Parked: s.Parked, Replicas: []replicaJSON{}, At: s.Now}
+					Retrying: s.Retrying, Held: s.Held, Scheduled: s.Scheduled, Parked: s.Parked, Replicas: []replicaJSON{}, At: s.Now}
 				if !s.OldestPending.IsZero() {
 					out.OldestPending = &s.OldestPending
 				}
@@ -125,14 +126,15 @@ func printStatus(w io.Writer, s statusJSON, stuckAfter time.Duration) error {
 	fmt.Fprintf(tw, "pending\t%d\n", s.Pending)
 	oldest := "-"
 	if s.OldestPending != nil {
-		oldest = fmt.Sprintf("%s (created %s)", human(time.Duration(s.OldestPendingSeconds*float64(time.Second))),
+		oldest = fmt.Sprintf("%s (due %s)", human(time.Duration(s.OldestPendingSeconds*float64(time.Second))),
 			s.OldestPending.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintf(tw, "oldest pending\t%s\n", oldest)
 	fmt.Fprintf(tw, "publish rate\t%d/min (%.1f/s over the last minute)\n", s.DispatchedLastMinute, float64(s.DispatchedLastMinute)/60)
-	fmt.Fprintf(tw, "stuck\t%d (pending over %s, or held)\n", s.Stuck, human(stuckAfter))
+	fmt.Fprintf(tw, "stuck\t%d (due and pending over %s, or held)\n", s.Stuck, human(stuckAfter))
 	fmt.Fprintf(tw, "retrying\t%d\n", s.Retrying)
 	fmt.Fprintf(tw, "held\t%d (failed permanently: see `outbox stuck`)\n", s.Held)
+	fmt.Fprintf(tw, "scheduled\t%d (waiting for their deliver-at time; not stuck)\n", s.Scheduled)
 	fmt.Fprintf(tw, "parked\t%d\n", s.Parked)
 	if len(s.Replicas) == 0 {
 		fmt.Fprintf(tw, "relay sessions\tnone connected\n")
@@ -183,10 +185,10 @@ func replayCmd() *cobra.Command {
 		Use:   "replay",
 		Short: "Publish dispatched events again, with their original identity",
 		Long: "replay makes the selected dispatched events pending again; the relay publishes them with the\n" +
-			"same event_uid, so consumers that already processed them drop them as duplicates. Pending and\n" +
+			"same event_id, so consumers that already processed them drop them as duplicates. Pending and\n" +
 			"parked events are not touched. Criteria combine with AND; at least one is required.",
 		Example: "  outbox replay --type order.placed --created-after 2026-01-02T00:00:00Z --created-before 2026-01-03T00:00:00Z\n" +
-			"  outbox replay --from-id 1200 --to-id 1300 --dry-run\n" +
+			"  outbox replay --from-seq 1200 --to-seq 1300 --dry-run\n" +
 			"  outbox replay --aggregate 0b9c6f0e-4a57-4a4e-9d0e-1b5b3c7f6a10 --created-after 36h",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -199,7 +201,7 @@ func replayCmd() *cobra.Command {
 			if batch < 1 || batch > 100000 {
 				return usagef("--batch: %d is not between 1 and 100000", batch)
 			}
-			return withStore(cmd, "outbox-replay", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-replay", func(ctx context.Context, e *app, st *store.Store) error {
 				progress := func(n int64) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "replay: %d events so far\n", n)
 				}
@@ -261,7 +263,7 @@ func cleanupCmd() *cobra.Command {
 			"outbox, this command or a relay's scheduled one.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-cleanup", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-cleanup", func(ctx context.Context, e *app, st *store.Store) error {
 				rt := e.cfg.Retention
 				if !cmd.Flags().Changed("dispatched") {
 					dispatched = rt.Dispatched

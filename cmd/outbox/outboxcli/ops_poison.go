@@ -19,8 +19,8 @@ func init() {
 }
 
 type stuckJSON struct {
-	ID           int64      `json:"id"`
-	UID          string     `json:"uid"`
+	Seq          int64      `json:"seq"`
+	ID           string     `json:"event_id"`
 	AggregateID  string     `json:"aggregate_id"`
 	Type         string     `json:"type"`
 	CreatedAt    time.Time  `json:"created_at"`
@@ -33,6 +33,8 @@ type stuckJSON struct {
 	ParkedReason string     `json:"parked_reason,omitempty"`
 	HeldBack     int64      `json:"held_back"`
 	WaitsFor     int64      `json:"waits_for,omitempty"`
+	DeliverAt    *time.Time `json:"deliver_at,omitempty"`
+	Scheduled    bool       `json:"scheduled"`
 }
 
 func stuckCmd() *cobra.Command {
@@ -40,13 +42,14 @@ func stuckCmd() *cobra.Command {
 		olderThan      time.Duration
 		limit          int
 		parked, asJSON bool
+		scheduled      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "stuck",
-		Short: "List events that have not gone out: old pending, held and (with --parked) parked ones",
+		Short: "List events that have not gone out: old pending, held and (with --parked, --scheduled) parked and scheduled ones",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *app, st *store.Store) error {
 				if !cmd.Flags().Changed("older-than") {
 					olderThan = e.cfg.Stuck.After
 				}
@@ -56,16 +59,21 @@ func stuckCmd() *cobra.Command {
 				if limit < 1 || limit > store.MaxSelected {
 					return usagef("--limit: %d is not between 1 and %d", limit, store.MaxSelected)
 				}
-				events, err := st.Stuck(ctx, store.StuckQuery{OlderThan: olderThan, Limit: limit, IncludeParked: parked})
+				events, err := st.Stuck(ctx, store.StuckOptions{OlderThan: olderThan, Limit: limit,
+					IncludeParked: parked, IncludeScheduled: scheduled})
 				if err != nil {
 					return err
 				}
 				now := time.Now()
 				out := make([]stuckJSON, 0, len(events))
 				for _, ev := range events {
-					j := stuckJSON{ID: ev.ID, UID: ev.UID, AggregateID: ev.AggregateID, Type: ev.Type, CreatedAt: ev.CreatedAt,
+					j := stuckJSON{Seq: ev.Seq, ID: ev.ID, AggregateID: ev.AggregateID, Type: ev.Type, CreatedAt: ev.CreatedAt,
 						AgeSeconds: seconds(now.Sub(ev.CreatedAt)), Attempts: ev.Attempts, LastError: ev.LastError,
-						Held: ev.Held, ParkedReason: ev.ParkedReason, HeldBack: ev.HeldBack, WaitsFor: ev.WaitsFor}
+						Held: ev.Held, ParkedReason: ev.ParkedReason, HeldBack: ev.HeldBack, WaitsFor: ev.WaitsFor,
+						Scheduled: ev.Scheduled}
+					if !ev.DeliverAt.IsZero() {
+						j.DeliverAt = &ev.DeliverAt
+					}
 					if !ev.RetryAt.IsZero() {
 						j.RetryAt = &ev.RetryAt
 					}
@@ -87,7 +95,7 @@ func stuckCmd() *cobra.Command {
 				tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tTYPE\tAGGREGATE\tAGE\tATTEMPTS\tSTATE\tHELD BACK\tLAST ERROR")
 				for _, j := range out {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.ID, j.Type, j.AggregateID,
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.Seq, j.Type, j.AggregateID,
 						human(time.Duration(j.AgeSeconds*float64(time.Second))), j.Attempts, stuckState(j), j.HeldBack,
 						oneLine(j.LastError, 80))
 				}
@@ -105,6 +113,7 @@ func stuckCmd() *cobra.Command {
 	f.DurationVar(&olderThan, "older-than", 0, "list pending events older than this (default stuck.after)")
 	f.IntVar(&limit, "limit", 100, "at most this many, oldest first")
 	f.BoolVar(&parked, "parked", false, "include parked events")
+	f.BoolVar(&scheduled, "scheduled", false, "include events waiting for their deliver-at time")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -115,6 +124,8 @@ func stuckState(j stuckJSON) string {
 		return "parked: " + oneLine(j.ParkedReason, 40)
 	case j.Held:
 		return "held"
+	case j.Scheduled:
+		return "scheduled for " + j.DeliverAt.UTC().Format(time.RFC3339)
 	case j.RetryAt != nil:
 		return "retry at " + j.RetryAt.UTC().Format(time.RFC3339)
 	case j.WaitsFor != 0:
@@ -137,10 +148,17 @@ func oneLine(s string, n int) string {
 func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() error) {
 	var after, before string
 	f := cmd.Flags()
-	f.Int64SliceVar(&sel.IDs, "id", nil, "event ids (repeat or separate with commas)")
-	f.Int64Var(&sel.FromID, "from-id", 0, "first event id of a range")
-	f.Int64Var(&sel.ToID, "to-id", 0, "last event id of a range (inclusive)")
-	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate id (a UUID)")
+	f.Int64SliceVar(&sel.Seqs, "seq", nil, "event positions, as outbox stuck lists them (repeat or separate with commas)")
+	f.Int64Var(&sel.FromSeq, "from-seq", 0, "first event position of a range")
+	f.Int64Var(&sel.ToSeq, "to-seq", 0, "last event position of a range (inclusive)")
+	// The names before migration 5 renamed the column id to seq.
+	f.Int64SliceVar(&sel.Seqs, "id", nil, "")
+	f.Int64Var(&sel.FromSeq, "from-id", 0, "")
+	f.Int64Var(&sel.ToSeq, "to-id", 0, "")
+	for _, old := range []string{"id", "from-id", "to-id"} {
+		_ = f.MarkDeprecated(old, "use --"+strings.Replace(old, "id", "seq", 1))
+	}
+	f.StringVar(&sel.AggregateID, "aggregate", "", "aggregate key, exactly as written")
 	f.StringVar(&sel.Type, "type", "", "exact event type")
 	f.StringVar(&after, "created-after", "", "created at or after: RFC 3339 time or a duration ago (36h)")
 	f.StringVar(&before, "created-before", "", "created before: RFC 3339 time or a duration ago")
@@ -181,7 +199,7 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 			if use == "park" && strings.TrimSpace(reason) == "" {
 				return usagef("--reason is required: say why the events are set aside")
 			}
-			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *env, st *store.Store) error {
+			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *app, st *store.Store) error {
 				n, err := run(ctx, st, sel, reason)
 				if err != nil {
 					return err

@@ -22,7 +22,6 @@ import (
 
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
@@ -82,8 +81,7 @@ func TestReadyzFlipsWhenDatabaseUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A relay over memory, to have one making progress.
-	r, err := core.New(memstore.New(), okPublisher{}, core.Options{PollInterval: 5 * time.Millisecond})
+	r, err := core.New(st, okPublisher{}, core.Options{PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,44 +91,21 @@ func TestReadyzFlipsWhenDatabaseUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop(context.Background())
-	for r.LastProgress().IsZero() {
-		time.Sleep(time.Millisecond)
-	}
-	checks := []check{{"database", st.Ping}, {"relay", progressCheck(func() *core.Relay { return r }, time.Now(), time.Minute)}}
-	h := opsHandler(prometheus.NewRegistry(), checks, discardLogger())
+	h := opsHandler(prometheus.NewRegistry(), r.Ready, discardLogger())
 
-	if code, res := getReady(t, h); code != http.StatusOK {
+	if code, res := getReady(t, h); code != http.StatusOK || res["store"] != "ok" {
 		t.Fatalf("readyz = %d %v while everything is up", code, res)
 	}
 	proxy.Cut()
 	code, res := getReady(t, h)
-	if code != http.StatusServiceUnavailable || res["database"] == "ok" || res["relay"] != "ok" {
-		t.Errorf("readyz with the database cut = %d %v, want 503 naming the database", code, res)
+	if code != http.StatusServiceUnavailable || res["store"] == "ok" || res["progress"] != "ok" {
+		t.Errorf("readyz with the database cut = %d %v, want 503 naming the store", code, res)
 	}
 
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if rec.Code != http.StatusOK {
 		t.Errorf("healthz = %d, want 200 while the process runs", rec.Code)
-	}
-}
-
-func TestReadyzWantsRelayProgress(t *testing.T) {
-	var relay *core.Relay
-	fn := func() *core.Relay { return relay }
-	if err := progressCheck(fn, time.Now(), time.Minute)(context.Background()); err == nil {
-		t.Error("ready before the relay exists")
-	}
-	r, err := core.New(memstore.New(), okPublisher{}, core.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay = r // never started: no progress
-	if err := progressCheck(fn, time.Now(), time.Minute)(context.Background()); err != nil {
-		t.Errorf("not ready within the start-up grace: %v", err)
-	}
-	if err := progressCheck(fn, time.Now().Add(-2*time.Minute), time.Minute)(context.Background()); err == nil {
-		t.Error("ready although the relay made no progress for two minutes")
 	}
 }
 
@@ -142,7 +117,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	obs.Published(&core.Event{Type: "order.placed", CreatedAt: time.Now()}, time.Millisecond, nil)
 	rec := httptest.NewRecorder()
-	opsHandler(reg, nil, discardLogger()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	opsHandler(reg, func(context.Context) []core.Check { return nil }, discardLogger()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if want := `outbox_events_published_total{broker="stdout",outcome="ok",topic="order"} 1`; !strings.Contains(rec.Body.String(), want) {
 		t.Errorf("/metrics lacks %s:\n%s", want, rec.Body.String())
 	}
@@ -171,9 +146,9 @@ func newOpsFixture(t *testing.T) *opsFixture {
 		{"held", "bad.type", uuid.NewString(), "1 minute", "", "infinity"},
 	} {
 		var id int64
-		err := pool.QueryRow(context.Background(), `INSERT INTO `+table+` (uid, aggregate_id, type, payload, created_at, dispatched_at, retry_at)
+		err := pool.QueryRow(context.Background(), `INSERT INTO `+table+` (event_id, aggregate_id, type, payload, created_at, dispatched_at, retry_at)
 VALUES (gen_random_uuid(), $1, $2, '{}', now() - $3::interval, now() - NULLIF($4, '')::interval, NULLIF($5, '')::timestamptz)
-RETURNING id`, r.agg, r.typ, r.created, r.dispatched, r.retry).Scan(&id)
+RETURNING seq`, r.agg, r.typ, r.created, r.dispatched, r.retry).Scan(&id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +188,7 @@ func TestStatusCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pending", "oldest pending", "publish rate", "stuck", "2 (pending over 5m0s, or held)"} {
+	for _, want := range []string{"pending", "oldest pending", "publish rate", "stuck", "2 (due and pending over 5m0s, or held)", "scheduled"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}
@@ -272,12 +247,12 @@ func TestPoisonCommands(t *testing.T) {
 	f := newOpsFixture(t)
 	var stuck []stuckJSON
 	f.runJSON(&stuck, "stuck")
-	if len(stuck) != 2 || stuck[0].ID != f.ids["stuck"] || !stuck[1].Held {
+	if len(stuck) != 2 || stuck[0].Seq != f.ids["stuck"] || !stuck[1].Held {
 		t.Fatalf("stuck = %+v, want the old pending event and the held one", stuck)
 	}
 	held := strconv.FormatInt(f.ids["held"], 10)
 	var c countJSON
-	f.runJSON(&c, "park", "--id", held, "--reason", "unknown type, ticket 42")
+	f.runJSON(&c, "park", "--seq", held, "--reason", "unknown type, ticket 42")
 	if c.Count != 1 {
 		t.Errorf("park = %+v", c)
 	}
@@ -288,7 +263,7 @@ func TestPoisonCommands(t *testing.T) {
 	if len(stuck) != 2 || stuck[1].ParkedReason != "unknown type, ticket 42" {
 		t.Errorf("stuck --parked = %+v", stuck)
 	}
-	f.runJSON(&c, "unpark", "--id", held)
+	f.runJSON(&c, "unpark", "--seq", held)
 	if c.Count != 1 {
 		t.Errorf("unpark = %+v", c)
 	}

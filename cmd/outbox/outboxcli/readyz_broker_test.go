@@ -18,6 +18,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/memstore"
 )
 
 // /readyz asks the broker for every adapter, through the tracing wrapper:
@@ -45,7 +46,7 @@ func TestReadyzChecksBroker(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(kf.Close)
-			pub, err := kafka.New(t.Context(), kafka.Settings{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second}, nil, nil)
+			pub, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +56,7 @@ func TestReadyzChecksBroker(t *testing.T) {
 			srv := pstest.NewServer()
 			t.Cleanup(func() { _ = srv.Close() })
 			proxy := brokertest.NewProxy(t, srv.Addr)
-			pub, err := googlecloud.New(t.Context(), googlecloud.Settings{ProjectID: "p", EmulatorHost: proxy.Addr()}, &brokers.Routing{}, nil)
+			pub, err := googlecloud.New(t.Context(), googlecloud.Config{ProjectID: "p", EmulatorHost: proxy.Addr()}, &brokers.Routing{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,15 +71,21 @@ func TestReadyzChecksBroker(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ok := func(context.Context) error { return nil }
-			checks := readinessChecks(ok, traced, ok)
-			h := opsHandler(prometheus.NewRegistry(), checks, discardLogger())
-			if code, res := getReady(t, h); code != http.StatusOK || res["broker"] != "ok" {
-				t.Fatalf("readyz with the broker up = %d %v, want 200 with a broker check", code, res)
+			r, err := core.New(memstore.New(), traced, core.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			defer r.Stop(context.Background())
+			h := opsHandler(prometheus.NewRegistry(), r.Ready, discardLogger())
+			if code, res := getReady(t, h); code != http.StatusOK || res["publisher"] != "ok" {
+				t.Fatalf("readyz with the broker up = %d %v, want 200 with a publisher check", code, res)
 			}
 			proxy.SetMode(brokertest.BlackHole)
-			if code, res := getReady(t, h); code != http.StatusServiceUnavailable || res["broker"] == "ok" || res["broker"] == "" {
-				t.Fatalf("readyz with the broker black-holed = %d %v, want 503 naming the broker", code, res)
+			if code, res := getReady(t, h); code != http.StatusServiceUnavailable || res["publisher"] == "ok" || res["publisher"] == "" {
+				t.Fatalf("readyz with the broker black-holed = %d %v, want 503 naming the publisher", code, res)
 			}
 			proxy.Heal()
 			deadline := time.Now().Add(10 * time.Second)

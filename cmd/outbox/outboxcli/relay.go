@@ -3,7 +3,6 @@ package outboxcli
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -32,21 +31,20 @@ func relayCmd() *cobra.Command {
 // RelayHooks let other parts of the binary (metrics, health) attach to a
 // running relay. Each returns an observer to add (or nil) and may start
 // background work that ends with ctx.
-var relayHooks []func(ctx context.Context, e *env, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
+var relayHooks []func(ctx context.Context, e *app, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
 
 // publisherWraps decorate the broker's publisher (tracing) before the hooks
 // and the relay see it, in order. The broker's own Close still runs once.
-var publisherWraps []func(e *env, pub core.Publisher) (core.Publisher, error)
+var publisherWraps []func(ctx context.Context, e *app, pub core.Publisher) (core.Publisher, error)
 
-func (e *env) runRelay(ctx context.Context) error {
+func (e *app) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
-	host, _ := os.Hostname()
-	st, err := e.openStore(ctx, fmt.Sprintf("%s %s:%d", relayAppName, host, os.Getpid()))
+	st, err := e.openStore(ctx, relayAppName+" "+relayClientName())
 	if err != nil {
 		return err
 	}
 	defer st.Pool().Close()
-	pub, err := brokers.Open(ctx, e.cfg.Broker, brokers.Params{
+	pub, err := brokers.Open(ctx, e.cfg.Broker, brokers.Options{
 		Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
 	})
 	if err != nil {
@@ -54,8 +52,9 @@ func (e *env) runRelay(ctx context.Context) error {
 		return unavailable(err)
 	}
 	defer pub.Close()
+	defer e.stopped(ctx)
 	for _, wrap := range publisherWraps {
-		if pub, err = wrap(e, pub); err != nil {
+		if pub, err = wrap(ctx, e, pub); err != nil {
 			return err
 		}
 	}
@@ -70,6 +69,9 @@ func (e *env) runRelay(ctx context.Context) error {
 		if obs != nil {
 			observers = append(observers, obs)
 		}
+	}
+	if e.cfg.Relay.Mode == "log" {
+		return e.runLogRelay(ctx, st, pub, observers, func(r *core.Relay) { relay = r })
 	}
 	relay, err = core.New(st, pub, e.cfg.RelayOptions(e.log, observers))
 	if err != nil {

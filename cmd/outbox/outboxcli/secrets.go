@@ -196,6 +196,10 @@ func environSecrets(environ []string) []string {
 	var out []string
 	for _, kv := range environ {
 		name, v, _ := strings.Cut(kv, "=")
+		if name == "OTEL_EXPORTER_OTLP_HEADERS" || name == "OTEL_EXPORTER_OTLP_TRACES_HEADERS" {
+			out = append(out, otlpHeaderSecrets(v)...)
+			continue
+		}
 		if name != "DATABASE_URL" && !strings.HasPrefix(name, "OUTBOX_") && !strings.HasPrefix(name, "PG") {
 			continue
 		}
@@ -203,6 +207,29 @@ func environSecrets(environ []string) []string {
 			out = append(out, v)
 		}
 		out = append(out, dsnSecrets(v)...)
+	}
+	return nonEmpty(out)
+}
+
+// otlpHeaderSecrets returns the values of an OTLP headers variable
+// ("authorization=Bearer%20x,api-key=y"): collectors take their API keys
+// there. Each is masked as written and URL-decoded, as the exporter sends it.
+func otlpHeaderSecrets(v string) []string {
+	var out []string
+	for pair := range strings.SplitSeq(v, ",") {
+		_, val, ok := strings.Cut(pair, "=")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		out = append(out, val)
+		if dec, err := url.PathUnescape(val); err == nil && dec != val {
+			out = append(out, dec)
+			// "Bearer x": the token alone may be printed too.
+			if _, tok, ok := strings.Cut(dec, " "); ok {
+				out = append(out, strings.TrimSpace(tok))
+			}
+		}
 	}
 	return nonEmpty(out)
 }

@@ -546,8 +546,8 @@ func TestBadPayloadLosesNothingCommitted(t *testing.T) {
 func TestMissingEventIdentityIsNamed(t *testing.T) {
 	msg := message.NewMessage(uuid.NewString(), []byte(`{}`))
 	_, err := dedupe.EventID(msg)
-	if !errors.Is(err, dedupe.ErrNoEventID) || !strings.Contains(err.Error(), `"event_uid" is missing`) {
-		t.Errorf("error %v does not name the missing event_uid header", err)
+	if !errors.Is(err, dedupe.ErrNoEventID) || !strings.Contains(err.Error(), `"event_id" is missing`) {
+		t.Errorf("error %v does not name the missing event_id header", err)
 	}
 }
 

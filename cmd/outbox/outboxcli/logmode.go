@@ -1,0 +1,220 @@
+package outboxcli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/walrelay"
+)
+
+// relay.mode log: the log relay reads the slot; beside it, a table relay
+// over the handoff view publishes the events handed to the table (poison
+// events and those behind them, rows committed before the slot existed).
+
+func init() { extraCommands = append(extraCommands, slotCmd) }
+
+// runLogRelay runs both until ctx ends. setRelay hands the table path's
+// relay to the hooks (readiness).
+func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publisher, obs core.Observer, setRelay func(*core.Relay)) error {
+	pool := st.Pool()
+	hc, err := walrelay.HandoffConfig(st.Config())
+	if err != nil {
+		return usageError(err)
+	}
+	hst, err := store.New(pool, hc, e.log.With("path", "table"))
+	if err != nil {
+		return err
+	}
+	ro := e.cfg.RelayOptions(e.log.With("path", "table"), obs)
+	// The table's NOTIFY fires for every producer's insert, which the log
+	// relay publishes; the table path is woken by the log relay instead.
+	ro.DisableWakeups = true
+	tableRelay, err := core.New(hst, pub, ro)
+	if err != nil {
+		return err
+	}
+	setRelay(tableRelay)
+	lo := e.cfg.LogRelayOptions(e.log.With("path", "log"), obs)
+	lo.HandedOff = tableRelay.Wake
+	lo.ApplicationName = fmt.Sprintf("%s log", relayAppName)
+	logRelay, err := walrelay.New(pool, pub, lo)
+	if err != nil {
+		return usageError(err)
+	}
+	if e.slots != nil {
+		go e.slots.run(ctx, pool, logRelay.Options(), logRelay, e)
+	}
+	lo = logRelay.Options()
+	e.log.Info("relay starting", "mode", "log", "database", Redact(e.cfg.DatabaseURL), "table", hc.Schema+"."+st.Config().Table,
+		"slot", lo.Slot.Name, "publication", lo.Slot.Publication, "broker", e.cfg.Broker, "lanes", lo.Lanes,
+		"max_in_flight", lo.MaxInFlight, "wal_sender_timeout", lo.WALSenderTimeout)
+	tctx, stopTable := context.WithCancel(ctx)
+	tableDone := make(chan error, 1)
+	go func() { tableDone <- tableRelay.Run(tctx) }()
+	err = logRelay.Run(ctx)
+	stopTable()
+	if terr := <-tableDone; terr != nil && err == nil {
+		err = fmt.Errorf("relay table path: %w", terr)
+	}
+	if err != nil {
+		return err
+	}
+	e.log.Info("relay stopped")
+	return nil
+}
+
+// slotMetrics are the slot's gauges on /metrics, read from
+// pg_replication_slots on an interval (never per event).
+type slotMetrics struct {
+	lag, retained, safe, active, holding, inFlight prometheus.Gauge
+}
+
+func newSlotMetrics(reg prometheus.Registerer) *slotMetrics {
+	g := func(name, help string) prometheus.Gauge {
+		x := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "outbox", Subsystem: "slot", Name: name, Help: help})
+		reg.MustRegister(x)
+		return x
+	}
+	return &slotMetrics{
+		lag:      g("lag_bytes", "WAL between the server's position and the slot's confirmed position."),
+		retained: g("retained_wal_bytes", "WAL the server keeps for the slot (from its restart position)."),
+		safe:     g("safe_wal_bytes", "WAL that can still be written before the slot is lost (max_slot_wal_keep_size); -1 when unlimited."),
+		active:   g("active", "1 when a relay reads the slot."),
+		holding:  g("held_by_this_relay", "1 when this relay process reads the slot."),
+		inFlight: g("in_flight_events", "Events this relay read from the slot and has not yet published and recorded."),
+	}
+}
+
+func (m *slotMetrics) run(ctx context.Context, pool *pgxpool.Pool, o walrelay.Options, r *walrelay.Relay, e *app) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		m.holding.Set(b2f(r.Holding()))
+		m.inFlight.Set(float64(r.InFlight()))
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := walrelay.Inspect(qctx, pool, o.Store, o.Slot)
+		cancel()
+		if err == nil && st.Exists {
+			m.lag.Set(float64(st.LagBytes))
+			m.retained.Set(float64(st.RetainedBytes))
+			m.safe.Set(float64(st.SafeWALBytes))
+			m.active.Set(b2f(st.Active))
+		} else if err != nil && ctx.Err() == nil {
+			e.log.Warn("read slot gauges", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func slotCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "slot",
+		Short: "Create, inspect or drop the log relay's replication slot and publication",
+		Long: "slot manages what relay.mode log reads: a logical replication slot (pgoutput) and a\n" +
+			"publication of the outbox table's inserts. Names come from relay.log.slot and\n" +
+			"relay.log.publication (default outbox_<schema>_<table>). The role needs REPLICATION, and\n" +
+			"ownership of the table to create the publication.",
+	}
+	cmd.AddCommand(
+		&cobra.Command{
+			Use:   "create",
+			Short: "Create the publication and the slot, each unless it exists",
+			Long: "create makes the publication and the slot. Pending rows committed before the slot existed\n" +
+				"are not in its stream: they are handed to the table path, which publishes them in order, so\n" +
+				"switching an outbox from relay.mode table to log loses nothing (stop the table relays first).",
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
+					o := e.cfg.LogRelayOptions(nil, nil)
+					c, err := walrelay.CreateSlot(ctx, st.Pool(), st.Config(), o.Slot)
+					if err != nil {
+						return err
+					}
+					s, _ := o.Slot.WithDefaults(st.Config())
+					fmt.Fprintf(cmd.OutOrStdout(), "slot %s: %s\npublication %s: %s\nrows handed to the table path: %d\n",
+						s.Name, createdWord(c.Slot), s.Publication, createdWord(c.Publication), c.HandedOff)
+					return nil
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "status",
+			Short: "Show the slot's position, lag, retained WAL and publication",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
+					o := e.cfg.LogRelayOptions(nil, nil)
+					s, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
+					if err != nil {
+						return err
+					}
+					if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
+						return writeJSON(cmd.OutOrStdout(), s)
+					}
+					w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+					fmt.Fprintf(w, "slot\t%s\n", s.Slot)
+					if !s.Exists {
+						fmt.Fprintf(w, "exists\tno (create it with `outbox slot create`)\n")
+					} else {
+						fmt.Fprintf(w, "plugin\t%s\nactive\t%v (pid %d)\nconfirmed\t%s\nrestart\t%s\nlag\t%d bytes\nretained WAL\t%d bytes\nwal_status\t%s\n",
+							s.Plugin, s.Active, s.ActivePID, s.ConfirmedFlush, s.RestartLSN, s.LagBytes, s.RetainedBytes, s.WALStatus)
+						if s.SafeWALBytes >= 0 {
+							fmt.Fprintf(w, "safe WAL left\t%d bytes\n", s.SafeWALBytes)
+						} else {
+							fmt.Fprintf(w, "safe WAL left\tunlimited (max_slot_wal_keep_size = -1)\n")
+						}
+					}
+					fmt.Fprintf(w, "publication\t%s (exists %v, tables %s)\n", s.Publication, s.PublicationExists, strings.Join(s.PublicationTables, ", "))
+					return w.Flush()
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "drop",
+			Short: "Drop the slot and the publication (stop the log relays first)",
+			Long: "drop removes the slot and the publication. The slot's position is lost: log-only events\n" +
+				"committed since the last confirmed one are not relayed by a slot created later (pending rows\n" +
+				"of the table are: create hands them to the table path). An active slot is refused.",
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
+					o := e.cfg.LogRelayOptions(nil, nil)
+					if err := walrelay.DropSlot(ctx, st.Pool(), st.Config(), o.Slot); err != nil {
+						return err
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), "slot and publication dropped")
+					return nil
+				})
+			},
+		},
+	)
+	cmd.Commands()[1].Flags().Bool("json", false, "print JSON")
+	return cmd
+}
+
+func createdWord(created bool) string {
+	if created {
+		return "created"
+	}
+	return "exists"
+}

@@ -1,0 +1,79 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/outboxhq/outbox/store/walrelay"
+)
+
+// LogWriter writes events into PostgreSQL's write-ahead log only, with
+// pg_logical_emit_message in the caller's transaction: no table row, no
+// index entry, nothing to clean up. The event commits or rolls back with
+// the transaction, and the log relay (relay.mode log) reads it from its
+// replication slot in commit order. The server needs wal_level=logical.
+//
+// Messages are checked as Writer checks them, and carry the same fields
+// (any key, a content type with bytes payloads, a topic, a deliver-at
+// time); the encoding is walrelay.EncodeMessage's. A scheduled event is
+// handed by the relay to the table when it reads it, and published from
+// there when due. LogWriter is safe for concurrent use.
+type LogWriter struct {
+	w      *Writer
+	prefix string
+}
+
+// logSQL emits one message per element, in order, in one statement.
+const logSQL = `SELECT pg_logical_emit_message(true, $1, m) FROM unnest($2::text[]) AS m`
+
+// NewLogWriter checks opts. opts.Store names the outbox whose log relay
+// reads the events (the message prefix is walrelay.MessagePrefix of it).
+func NewLogWriter(opts WriterOptions) (*LogWriter, error) {
+	w, err := NewWriter(opts)
+	if err != nil {
+		return nil, fmt.Errorf("new log writer: %w", err)
+	}
+	prefix, err := walrelay.MessagePrefix(w.opts.Store)
+	if err != nil {
+		return nil, fmt.Errorf("new log writer: %w", err)
+	}
+	return &LogWriter{w: w, prefix: prefix}, nil
+}
+
+// Write validates msgs and emits them with tx. Nothing is emitted when any
+// message is invalid; the error is a *ValidationError. On any error the
+// caller should roll tx back.
+func (l *LogWriter) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	trace := l.w.trace(ctx)
+	contents := make([]string, len(msgs))
+	for i, m := range msgs {
+		p, err := l.w.prepare(i, m, trace)
+		if err != nil {
+			return err
+		}
+		payload := p.bytes
+		if payload == nil {
+			payload = []byte(p.payload)
+		}
+		b, err := walrelay.EncodeMessage(walrelay.Message{
+			ID: p.id, AggregateID: m.AggregateID, Type: m.Type, ContentType: m.ContentType, Topic: m.Topic,
+			DeliverAt: m.DeliverAt, Headers: p.headerMap, Payload: payload,
+		})
+		if err != nil {
+			var ee *walrelay.EncodeError
+			if errors.As(err, &ee) {
+				return &ValidationError{Index: i, Field: ee.Field, Msg: ee.Msg}
+			}
+			return &ValidationError{Index: i, Field: "payload", Msg: err.Error()}
+		}
+		contents[i] = string(b)
+	}
+	if _, err := tx.Exec(ctx, logSQL, l.prefix, contents); err != nil {
+		return fmt.Errorf("outbox: emit %d events: %w", len(msgs), err)
+	}
+	return nil
+}

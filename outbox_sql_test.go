@@ -1,0 +1,106 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
+
+	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
+)
+
+// WriteSQL writes inside a database/sql transaction, whatever the driver,
+// with the same columns as Write: keys, bytes and content types, topics,
+// deliver-at times, headers, and text that needs escaping in an array.
+func TestWriteSQLWithEachDriver(t *testing.T) {
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			ctx := context.Background()
+			pool, cfg, _ := setup(t)
+			var db *sql.DB
+			if driver == "pgx" {
+				db = stdlib.OpenDBFromPool(pool)
+			} else {
+				var err error
+				if db, err = sql.Open("postgres", pgtest.URL(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			w := newWriter(t, outbox.WriterOptions{Store: cfg})
+			raw := []byte{0, 1, '"', '\\', '{', ',', 0xff}
+			at := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+			msgs := []outbox.Message{
+				{AggregateID: `ord "quoted", {braced} \back`, Type: "order.placed", Payload: map[string]string{"s": `a"b\c,{}`},
+					Headers: map[string]string{"tenant": `ac"me`}},
+				{AggregateID: "ord_1", Type: "order.paid", ContentType: "application/x-protobuf", Payload: raw, Topic: "payments"},
+				{AggregateID: "ord_1", Type: "order.due", Payload: []byte(`null`), DeliverAt: at},
+				{AggregateID: "NULL", Type: "order.null", ContentType: "text/plain", Payload: "NULL"},
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.WriteSQL(ctx, tx, msgs...); err != nil {
+				_ = tx.Rollback()
+				t.Fatalf("write: %v", err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			st, err := store.New(pool, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := st.Claim(ctx, core.ClaimOptions{Limit: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Release(ctx)
+			got := c.Events()
+			if len(got) != 4 {
+				t.Fatalf("claimed %d events, want 4", len(got))
+			}
+			if e := got[0]; e.AggregateID != msgs[0].AggregateID || string(e.Payload) != `{"s":"a\"b\\c,{}"}` || e.Headers["tenant"] != `ac"me` {
+				t.Errorf("event 0 = %+v", e)
+			}
+			if e := got[1]; !bytes.Equal(e.Payload, raw) || e.ContentType != "application/x-protobuf" || e.Topic != "payments" {
+				t.Errorf("event 1 = %+v", e)
+			}
+			if e := got[2]; string(e.Payload) != "null" || e.ContentType != "" || e.Topic != "" {
+				t.Errorf("event 2 = %+v", e)
+			}
+			if e := got[3]; e.AggregateID != "NULL" || string(e.Payload) != "NULL" {
+				t.Errorf("event 3 = %+v: the text NULL must not become a NULL", e)
+			}
+			var deliverAt time.Time
+			if err := pool.QueryRow(ctx, "SELECT deliver_at FROM "+table(cfg)+" WHERE type = 'order.due'").Scan(&deliverAt); err != nil || !deliverAt.Equal(at) {
+				t.Errorf("deliver_at = %v (%v), want %v", deliverAt, err, at)
+			}
+		})
+	}
+}
+
+// WriteSQL validates as Write does: nothing reaches the database.
+func TestWriteSQLValidates(t *testing.T) {
+	w := newWriter(t, outbox.WriterOptions{})
+	err := w.WriteSQL(context.Background(), failingSQL{}, outbox.Message{AggregateID: "", Type: "t", Payload: []byte(`{}`)})
+	var verr *outbox.ValidationError
+	if !errors.As(err, &verr) || verr.Field != "aggregate_id" {
+		t.Fatalf("err = %v, want a ValidationError naming aggregate_id", err)
+	}
+}
+
+type failingSQL struct{}
+
+func (failingSQL) ExecContext(context.Context, string, ...any) (sql.Result, error) {
+	return nil, errors.New("reached the database")
+}

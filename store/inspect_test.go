@@ -1,0 +1,380 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+func infoIDs(list []store.EventInfo) []int64 {
+	ids := make([]int64, len(list))
+	for i, e := range list {
+		ids[i] = e.Seq
+	}
+	return ids
+}
+
+func (f *poisonFixture) events(q store.EventsOptions) []int64 {
+	f.t.Helper()
+	list, err := f.st.Events(f.ctx, q)
+	if err != nil {
+		f.t.Fatalf("Events(%+v): %v", q, err)
+	}
+	for _, e := range list {
+		// Held and retrying events are pending too.
+		undispatched := e.State() != store.StateDispatched && e.State() != store.StateParked
+		if ok := e.State() == q.State || (q.State == store.StatePending || q.State == store.StateStuck) && undispatched; !ok {
+			f.t.Errorf("Events(%s) listed event %d in state %s", q.State, e.Seq, e.State())
+		}
+	}
+	return infoIDs(list)
+}
+
+// fail records failures through a claim, as the relay does: reasons for
+// permanent failures, retryIn > 0 for transient ones.
+func (f *poisonFixture) fail(retryIn time.Duration, reasons map[int64]string) {
+	f.t.Helper()
+	c, _ := f.claim(1000)
+	var failed []core.Failure
+	for _, e := range c.Events() {
+		if r, ok := reasons[e.Seq]; ok {
+			fl := core.Failure{Seq: e.Seq, Reason: r}
+			if retryIn > 0 {
+				fl.RetryAt = time.Now().Add(retryIn)
+			}
+			failed = append(failed, fl)
+		}
+	}
+	if len(failed) != len(reasons) {
+		f.t.Fatalf("claimed %d of the %d events to fail", len(failed), len(reasons))
+	}
+	if err := c.Complete(f.ctx, nil, failed); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func TestEventsByStateAndFilter(t *testing.T) {
+	f := newPoisonFixture(t)
+	a, b, c := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	aIDs := f.write(a, "order.placed", "order.paid", "order.shipped")
+	bIDs := f.write(b, "invoice.sent")
+	cIDs := f.write(c, "order.placed", "order.paid")
+	f.fail(0, map[int64]string{aIDs[0]: "permanent: topic \"orders\" not found"})
+	f.fail(time.Hour, map[int64]string{bIDs[0]: "broker timeout after 30s"})
+	// c's first goes out, its second is parked.
+	cl, _ := f.claim(1000)
+	if err := cl.Complete(f.ctx, []int64{cIDs[0]}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: []int64{cIDs[1]}}, "bad data"); err != nil {
+		t.Fatal(err)
+	}
+
+	cases := []struct {
+		q    store.EventsOptions
+		want []int64
+	}{
+		{store.EventsOptions{State: store.StatePending}, []int64{aIDs[0], aIDs[1], aIDs[2], bIDs[0]}},
+		{store.EventsOptions{State: store.StateHeld}, []int64{aIDs[0]}},
+		{store.EventsOptions{State: store.StateRetrying}, []int64{bIDs[0]}},
+		{store.EventsOptions{State: store.StateParked}, []int64{cIDs[1]}},
+		{store.EventsOptions{State: store.StateDispatched}, []int64{cIDs[0]}},
+		// Held events are stuck at any age; the others only when old.
+		{store.EventsOptions{State: store.StateStuck}, []int64{aIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, Type: "order.paid"}, []int64{aIDs[1]}},
+		{store.EventsOptions{State: store.StatePending, AggregateID: b}, []int64{bIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, Error: "TIMEOUT"}, []int64{bIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, After: aIDs[1]}, []int64{aIDs[2], bIDs[0]}},
+		{store.EventsOptions{State: store.StatePending, Limit: 2}, []int64{aIDs[0], aIDs[1]}},
+		{store.EventsOptions{State: store.StatePending, CreatedAfter: time.Now().Add(time.Hour)}, nil},
+		{store.EventsOptions{State: store.StatePending, CreatedBefore: time.Now().Add(time.Hour)}, []int64{aIDs[0], aIDs[1], aIDs[2], bIDs[0]}},
+	}
+	for _, c := range cases {
+		if got := f.events(c.q); !slices.Equal(got, c.want) {
+			t.Errorf("Events(%+v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	// Old pending events are stuck too.
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET created_at = now() - interval '1 hour' WHERE seq = $1`, aIDs[2]); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateStuck, StuckAfter: time.Minute}); !slices.Equal(got, []int64{aIDs[0], aIDs[2]}) {
+		t.Errorf("stuck after an hour-old event: %v, want %v", got, []int64{aIDs[0], aIDs[2]})
+	}
+
+	list, err := f.st.Events(f.ctx, store.EventsOptions{State: store.StatePending, AggregateID: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, waiting := list[0], list[2]
+	if !held.Held || held.HeldBack != 2 || held.Attempts != 1 || held.FailedAt.IsZero() || !strings.Contains(held.LastError, "orders") {
+		t.Errorf("held event: %+v", held)
+	}
+	if waiting.WaitsFor != aIDs[0] || waiting.Held {
+		t.Errorf("the aggregate's third event waits for %d, want %d (the held one)", waiting.WaitsFor, aIDs[0])
+	}
+
+	for _, q := range []store.EventsOptions{
+		{State: "lost"}, {State: store.StatePending, Limit: store.MaxEventsLimit + 1},
+		{State: store.StatePending, AggregateID: strings.Repeat("k", store.MaxKeyBytes+1)}, {State: store.StatePending, After: -1},
+		{State: store.StatePending, CreatedAfter: time.Now(), CreatedBefore: time.Now().Add(-time.Hour)},
+	} {
+		if _, err := f.st.Events(f.ctx, q); err == nil {
+			t.Errorf("Events(%+v) accepted a bad query", q)
+		}
+	}
+}
+
+func TestEventDetailWithNeighbours(t *testing.T) {
+	f := newPoisonFixture(t)
+	agg := uuid.NewString()
+	ids := f.write(agg, "a.one", "a.two", "a.three", "a.four")
+	other := f.write(uuid.NewString(), "b.one")
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET headers = '{"k":"v"}', dispatched_at = now() WHERE seq = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	d, err := f.st.Event(f.ctx, ids[1], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Seq != ids[1] || d.Type != "a.two" || string(d.Payload) != `{"t":"a.two"}` || d.Headers != nil {
+		t.Errorf("detail = %+v, payload %s", d.EventInfo, d.Payload)
+	}
+	if got := infoIDs(d.Before); !slices.Equal(got, ids[:1]) {
+		t.Errorf("before = %v, want %v", got, ids[:1])
+	}
+	if got := infoIDs(d.After); !slices.Equal(got, ids[2:]) {
+		t.Errorf("after = %v, want %v (and not the other aggregate's %v)", got, ids[2:], other)
+	}
+	if d.HeldBack != 2 || d.After[0].WaitsFor != ids[1] {
+		t.Errorf("held back %d, next waits for %d; want 2 and %d", d.HeldBack, d.After[0].WaitsFor, ids[1])
+	}
+	byID, err := f.st.Event(f.ctx, 0, d.ID)
+	if err != nil || byID.Seq != d.Seq {
+		t.Errorf("by event id %s: %d, %v", d.ID, byID.Seq, err)
+	}
+	first, err := f.st.Event(f.ctx, ids[0], "")
+	if err != nil || string(first.Headers) != `{"k": "v"}` || first.State() != store.StateDispatched {
+		t.Errorf("first: headers %s, state %s, %v", first.Headers, first.State(), err)
+	}
+	if _, err := f.st.Event(f.ctx, 1<<40, ""); err == nil || !strings.Contains(err.Error(), store.ErrEventNotFound.Error()) {
+		t.Errorf("missing id: %v, want ErrEventNotFound", err)
+	}
+	if _, err := f.st.Event(f.ctx, 0, uuid.NewString()); err == nil {
+		t.Error("missing event id: no error")
+	}
+	if _, err := f.st.Event(f.ctx, 0, "x"); err == nil {
+		t.Error("bad event id: no error")
+	}
+}
+
+// A pending neighbour far away is still found; dispatched ones beyond the
+// window are not looked for.
+func TestEventNeighboursWindow(t *testing.T) {
+	f := newPoisonFixture(t)
+	agg := uuid.NewString()
+	first := f.write(agg, "a.one")
+	if _, err := f.pool.Exec(f.ctx, `SELECT setval(pg_get_serial_sequence($1, 'seq'), $2)`, f.table(), first[0]+store.NeighbourWindow+10); err != nil {
+		t.Fatal(err)
+	}
+	second := f.write(agg, "a.two")
+	third := f.write(agg, "a.three")
+	d, err := f.st.Event(f.ctx, second[0], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := infoIDs(d.Before); !slices.Equal(got, first) || d.WaitsFor != first[0] {
+		t.Errorf("before = %v, waits for %d; want the pending %v far away", got, d.WaitsFor, first)
+	}
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now() WHERE seq = $1`, first[0]); err != nil {
+		t.Fatal(err)
+	}
+	d, err = f.st.Event(f.ctx, second[0], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Before) != 0 || !slices.Equal(infoIDs(d.After), third) {
+		t.Errorf("before = %v, after = %v; want none beyond the window, and %v", infoIDs(d.Before), infoIDs(d.After), third)
+	}
+}
+
+func TestFailuresGroupedByFingerprint(t *testing.T) {
+	f := newPoisonFixture(t)
+	var notFound, timeouts []int64
+	reasons := map[int64]string{}
+	for i := range 3 {
+		id := f.write(uuid.NewString(), "order.placed")[0]
+		notFound = append(notFound, id)
+		reasons[id] = fmt.Sprintf("permanent: event %d: topic \"orders-%d\" not found", id, i)
+	}
+	f.fail(0, reasons)
+	reasons = map[int64]string{}
+	for range 2 {
+		id := f.write(uuid.NewString(), "invoice.sent")[0]
+		timeouts = append(timeouts, id)
+		reasons[id] = fmt.Sprintf("dial tcp 10.0.0.%d:9092: i/o timeout after 30s", id)
+	}
+	f.fail(time.Hour, reasons)
+	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: notFound[2:]}, "given up"); err != nil {
+		t.Fatal(err)
+	}
+
+	groups, err := f.st.Failures(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) != 2 {
+		t.Fatalf("groups = %+v, want 2", groups)
+	}
+	nf, to := groups[0], groups[1]
+	if nf.Events != 3 || nf.Held != 2 || nf.Parked != 1 || nf.Retrying != 0 || !slices.Equal(nf.Types, []string{"order.placed"}) {
+		t.Errorf("not-found group = %+v", nf)
+	}
+	if want := `permanent: event <n>: topic "…" not found`; nf.Fingerprint != want {
+		t.Errorf("fingerprint %q, want %q", nf.Fingerprint, want)
+	}
+	if to.Events != 2 || to.Retrying != 2 || to.Held != 0 || !strings.Contains(to.Example, "i/o timeout") {
+		t.Errorf("timeout group = %+v", to)
+	}
+	if nf.FirstSeen.IsZero() || nf.LastSeen.Before(nf.FirstSeen) || time.Since(nf.LastSeen) > time.Minute {
+		t.Errorf("first/last seen %v %v", nf.FirstSeen, nf.LastSeen)
+	}
+	if !contains(notFound, nf.ExampleSeq) {
+		t.Errorf("example %d is not one of %v", nf.ExampleSeq, notFound)
+	}
+	// The fingerprint selects the group's events again.
+	got := f.events(store.EventsOptions{State: store.StateHeld, Fingerprint: nf.Fingerprint})
+	if !slices.Equal(got, notFound[:2]) {
+		t.Errorf("held events of the group: %v, want %v", got, notFound[:2])
+	}
+	// And so does a selector, for acting on the whole group.
+	bySel := store.Selector{Fingerprint: nf.Fingerprint}
+	if a, err := f.st.Affected(f.ctx, store.ActionUnpark, bySel); err != nil || a.Count != 1 {
+		t.Errorf("unpark by fingerprint would touch %+v (%v), want the parked one", a, err)
+	}
+	if n, err := f.st.Retry(f.ctx, bySel); err != nil || n != 2 {
+		t.Errorf("retry by fingerprint released %d (%v), want the 2 held", n, err)
+	}
+	if !strings.Contains(bySel.String(), "error like") {
+		t.Errorf("selector reads %q", bySel)
+	}
+	// A replay clears what a failure recorded.
+	if _, err := f.pool.Exec(f.ctx, `UPDATE `+f.table()+` SET dispatched_at = now(), retry_at = NULL WHERE seq = $1`, timeouts[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.Replay(f.ctx, store.Selector{Seqs: timeouts[:1]}, store.ReplayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := f.st.Event(f.ctx, timeouts[0], "")
+	if err != nil || !d.FailedAt.IsZero() || d.LastError != "" || d.Attempts != 0 {
+		t.Errorf("replayed event keeps its failure: %+v, %v", d.EventInfo, err)
+	}
+}
+
+func TestActivityPerMinute(t *testing.T) {
+	pool, cfg, st := opsStore(t)
+	opsInsert(t, pool, cfg,
+		opsRow{dispatchedAgo: time.Second}, opsRow{dispatchedAgo: 2 * time.Second},
+		opsRow{dispatchedAgo: 3 * time.Minute}, opsRow{dispatchedAgo: 2 * time.Hour})
+	if _, err := pool.Exec(context.Background(), `UPDATE `+`"`+cfg.Schema+`".events_outbox SET failed_at = now() - interval '10 minutes' WHERE seq = (SELECT min(seq) FROM "`+cfg.Schema+`".events_outbox)`); err != nil {
+		t.Fatal(err)
+	}
+	mins, err := st.Activity(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mins) != 60 {
+		t.Fatalf("%d minutes, want 60", len(mins))
+	}
+	var dispatched, failed int64
+	for i, m := range mins {
+		if i > 0 && m.Start.Sub(mins[i-1].Start) != time.Minute {
+			t.Fatalf("minute %d starts at %v, after %v", i, m.Start, mins[i-1].Start)
+		}
+		dispatched += m.Dispatched
+		failed += m.Failed
+	}
+	// The two events of the last seconds may straddle a minute boundary.
+	if last := mins[59].Dispatched + mins[58].Dispatched; last < 2 || dispatched != 3 || failed != 1 {
+		t.Errorf("dispatched %d (last two minutes %d), failed %d; want 3 (2), 1", dispatched, last, failed)
+	}
+	for _, n := range []int{0, store.MaxActivityMinutes + 1} {
+		if _, err := st.Activity(context.Background(), n); err == nil {
+			t.Errorf("Activity(%d): no error", n)
+		}
+	}
+}
+
+func TestAffectedCountsWhatTheActionTouches(t *testing.T) {
+	f := newPoisonFixture(t)
+	agg := uuid.NewString()
+	ids := f.write(agg, "a.one", "a.two", "a.three")
+	f.fail(0, map[int64]string{ids[0]: "permanent: no route"})
+	sel := store.Selector{AggregateID: agg}
+	count := func(a store.Action) int64 {
+		t.Helper()
+		n, err := f.st.Affected(f.ctx, a, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.More {
+			t.Errorf("%s: More for 3 events", a)
+		}
+		return n.Count
+	}
+	if r, p, u, rp := count(store.ActionRetry), count(store.ActionPark), count(store.ActionUnpark), count(store.ActionReplay); r != 1 || p != 3 || u != 0 || rp != 0 {
+		t.Errorf("retry %d, park %d, unpark %d, replay %d; want 1, 3, 0, 0", r, p, u, rp)
+	}
+	// The count is what the action then does.
+	want := count(store.ActionRetry)
+	if n, err := f.st.Retry(f.ctx, sel); err != nil || n != want {
+		t.Errorf("retry touched %d (%v), counted %d", n, err, want)
+	}
+	want = count(store.ActionPark)
+	if n, err := f.st.Park(f.ctx, sel, "r"); err != nil || n != want {
+		t.Errorf("park touched %d (%v), counted %d", n, err, want)
+	}
+	if n := count(store.ActionUnpark); n != 3 {
+		t.Errorf("unpark would touch %d, want 3", n)
+	}
+	if _, err := f.st.Affected(f.ctx, "delete", sel); err == nil {
+		t.Error("unknown action: no error")
+	}
+	if _, err := f.st.Affected(f.ctx, store.ActionRetry, store.Selector{}); err == nil {
+		t.Error("empty selector: no error")
+	}
+}
+
+// An event waiting for its deliver-at time is listed as scheduled, not as
+// retrying or stuck, however old its row.
+func TestEventsScheduledApart(t *testing.T) {
+	f := newPoisonFixture(t)
+	var seq int64
+	if err := f.pool.QueryRow(f.ctx, `INSERT INTO `+f.table()+` (aggregate_id, type, payload, deliver_at, created_at)
+VALUES ('k-1', 'reminder.due', '{}', now() + interval '1 day', now() - interval '2 hours') RETURNING seq`).Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateScheduled}); !slices.Equal(got, []int64{seq}) {
+		t.Errorf("scheduled = %v, want [%d]", got, seq)
+	}
+	for _, st := range []store.EventState{store.StateRetrying, store.StateStuck, store.StateHeld} {
+		if got := f.events(store.EventsOptions{State: st, StuckAfter: time.Minute}); len(got) != 0 {
+			t.Errorf("%s lists the scheduled event: %v", st, got)
+		}
+	}
+	list, err := f.st.Events(f.ctx, store.EventsOptions{State: store.StatePending})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("pending = %v, %v", list, err)
+	}
+	if e := list[0]; e.State() != store.StateScheduled || e.DeliverAt.Before(time.Now().Add(23*time.Hour)) || !e.RetryAt.IsZero() {
+		t.Errorf("scheduled event: state %s, deliver at %v, retry at %v", e.State(), e.DeliverAt, e.RetryAt)
+	}
+}

@@ -1,0 +1,541 @@
+package walrelay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/brokers/brokertest"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/store/walrelay"
+)
+
+// firstOrder returns, per aggregate, the values of n in the order of their
+// first delivery, and how many deliveries were duplicates.
+func firstOrder(evs []core.Event) (map[string][]int, int) {
+	seen := map[string]bool{}
+	out := map[string][]int{}
+	dups := 0
+	for _, e := range evs {
+		if seen[e.ID] {
+			dups++
+			continue
+		}
+		seen[e.ID] = true
+		out[e.AggregateID] = append(out[e.AggregateID], n(e))
+	}
+	return out, dups
+}
+
+func checkIncreasing(t *testing.T, order map[string][]int) {
+	t.Helper()
+	for agg, ns := range order {
+		for i := 1; i < len(ns); i++ {
+			if ns[i] <= ns[i-1] {
+				t.Errorf("aggregate %s: %d delivered after %d", agg, ns[i], ns[i-1])
+				break
+			}
+		}
+	}
+}
+
+// No loss across crashes: the server ends the relay's replication
+// connection (as when the relay's process dies) three times while it
+// publishes; it reconnects and the slot's stream resumes from the last
+// confirmed position, so every event arrives, first deliveries in order
+// per aggregate, and the republished ones are counted as duplicates.
+func TestDroppedConnectionRepublishesNeverSkips(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	pub := &recorder{fail: func(*core.Event) error { time.Sleep(200 * time.Microsecond); return nil }}
+	o := e.opts()
+	o.StatusInterval = 50 * time.Millisecond
+	e.start(pub, o)
+	aggs := []string{uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()}
+	const txns = 300
+	next := map[string]int{}
+	var kills atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 3 {
+			time.Sleep(400 * time.Millisecond)
+			tag, err := e.pool.Exec(context.Background(),
+				"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", e.slot.Name)
+			if err == nil && tag.RowsAffected() > 0 {
+				kills.Add(1)
+			}
+		}
+	}()
+	for i := range txns {
+		agg := aggs[i%len(aggs)]
+		k := 1 + i%5
+		e.write(i%3 != 0, agg, next[agg], k)
+		next[agg] += k
+		time.Sleep(time.Millisecond)
+	}
+	<-done
+	total := 0
+	for _, v := range next {
+		total += v
+	}
+	waitFor(t, 60*time.Second, "every event", func() bool { return len(pub.distinct()) == total })
+	order, dups := firstOrder(pub.events())
+	checkIncreasing(t, order)
+	t.Logf("%d events, %d connection drops, %d duplicates", total, kills.Load(), dups)
+	if kills.Load() == 0 {
+		t.Fatal("no connection was dropped: the test proved nothing")
+	}
+	waitFor(t, 10*time.Second, "rows marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+}
+
+// oracle is a second slot, with PostgreSQL's own test_decoding plugin: the
+// commit order of the inserts, independent of the relay's decoding.
+func oracle(t *testing.T, e *env) func() []string {
+	name := "oracle_" + strings.ReplaceAll(e.cfg.Schema, "-", "_")
+	if _, err := e.pool.Exec(context.Background(), "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", name) })
+	re := regexp.MustCompile(`event_id\[uuid\]:'([^']+)'`)
+	return func() []string {
+		rows, err := e.pool.Query(context.Background(), "SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, l := range lines {
+			// The slot sees the whole database: other tests' outboxes too.
+			if m := re.FindStringSubmatch(l); m != nil && strings.HasPrefix(l, "table "+e.cfg.Schema+"."+e.cfg.Table+": INSERT") {
+				ids = append(ids, m[1])
+			}
+		}
+		return ids
+	}
+}
+
+// inversions counts, per aggregate, first deliveries that come before an
+// event committed earlier.
+func inversions(evs []core.Event, commitPos map[string]int) int {
+	last := map[string]int{}
+	seen := map[string]bool{}
+	inv := 0
+	for _, e := range evs {
+		if seen[e.ID] {
+			continue
+		}
+		seen[e.ID] = true
+		p := commitPos[e.ID]
+		if l, ok := last[e.AggregateID]; ok && p < l {
+			inv++
+		}
+		last[e.AggregateID] = max(p, last[e.AggregateID])
+	}
+	return inv
+}
+
+// Commit order per aggregate with no help from producers: eight producers
+// write two aggregates without locking them, each holding its
+// transaction open a random moment after the insert, so seq order (taken
+// at insert) and commit order (PostgreSQL's test_decoding tells it) part.
+// The table relay publishes the backlog in seq order: reorderings. The
+// log relay publishes in commit order: none.
+func TestCommitOrderWithoutProducerLocks(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	commits := oracle(t, e)
+	aggs := []string{uuid.NewString(), uuid.NewString()}
+	const producers, perProducer = 8, 60
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			ctx := context.Background()
+			for i := range perProducer {
+				tx, err := e.pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				m := outbox.Message{AggregateID: aggs[(p+i)%2], Type: "order.updated", Payload: fmt.Appendf(nil, `{"n":%d}`, p*1000+i)}
+				if err := e.rows.Write(ctx, tx, m); err != nil {
+					t.Error(err)
+				}
+				time.Sleep(time.Duration(rand.N(3000)) * time.Microsecond)
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	ids := commits()
+	total := producers * perProducer
+	if len(ids) != total {
+		t.Fatalf("oracle saw %d inserts, want %d", len(ids), total)
+	}
+	pos := map[string]int{}
+	for i, id := range ids {
+		pos[id] = i
+	}
+
+	st, err := store.New(e.pool, e.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := &recorder{}
+	tr, err := core.New(st, table, core.Options{BatchSize: 50, Lanes: 4, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	trDone := make(chan error, 1)
+	go func() { trDone <- tr.Run(ctx) }()
+	waitFor(t, 30*time.Second, "the table relay's events", func() bool { return len(table.distinct()) == total })
+	cancel()
+	<-trDone
+
+	log := &recorder{}
+	e.start(log, e.opts())
+	waitFor(t, 30*time.Second, "the log relay's events", func() bool { return len(log.distinct()) == total })
+
+	tableInv, logInv := inversions(table.events(), pos), inversions(log.events(), pos)
+	t.Logf("%d events of 2 aggregates from %d unlocked producers: reorderings against commit order: table mode %d, log mode %d", total, producers, tableInv, logInv)
+	if tableInv == 0 {
+		t.Error("table mode showed no reordering: the workload did not overlap transactions")
+	}
+	if logInv != 0 {
+		t.Errorf("log mode reordered %d events against commit order", logInv)
+	}
+}
+
+// Failover: two relays, one holds the slot and the other stands by. When
+// the holder's network is cut (a black-holing proxy between it and
+// PostgreSQL), the server ends its walsender after wal_sender_timeout and
+// the standby takes over within seconds; no event is lost.
+func TestFailoverOnNetworkCut(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := brokertest.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	pc, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cut.Close)
+
+	pub := &recorder{}
+	a := startRelay(t, cut, pub, e.opts())
+	waitFor(t, 10*time.Second, "relay A to hold the slot", a.r.Holding)
+	b := e.start(pub, e.opts())
+	time.Sleep(500 * time.Millisecond)
+	if b.r.Holding() {
+		t.Fatal("relay B holds the slot while A does")
+	}
+
+	stop := make(chan struct{})
+	var written atomic.Int64
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		agg := uuid.NewString()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			e.write(i%2 == 0, agg, i, 1)
+			written.Add(1)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	proxy.SetMode(brokertest.BlackHole)
+	cutAt := time.Now()
+	waitFor(t, 20*time.Second, "relay B to take over", b.r.Holding)
+	takeover := time.Since(cutAt)
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	<-writerDone
+	waitFor(t, 30*time.Second, "every event", func() bool { return int64(len(pub.distinct())) == written.Load() })
+	order, dups := firstOrder(pub.events())
+	checkIncreasing(t, order)
+	t.Logf("takeover %s after the cut (wal_sender_timeout 2s); %d events, %d duplicates", takeover.Round(10*time.Millisecond), written.Load(), dups)
+	if takeover > 10*time.Second {
+		t.Errorf("takeover took %s, want within 10s", takeover)
+	}
+	proxy.Heal()
+}
+
+// A poison event cannot block the slot: the broker rejects one event of
+// aggregate A permanently; it is held in the table with the reason, A's
+// later events follow it there, other aggregates go on. `outbox stuck`
+// (store.Stuck) shows it; after a retry the table path publishes A's
+// events in order, and A's next events come from the log again.
+func TestPoisonEventMovesToTheTable(t *testing.T) {
+	for _, flavour := range []struct {
+		name  string
+		table bool
+	}{{"rows", true}, {"messages", false}} {
+		t.Run(flavour.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.createSlot()
+			a, b := uuid.NewString(), uuid.NewString()
+			reject := atomic.Bool{}
+			reject.Store(true)
+			pub := &recorder{fail: func(ev *core.Event) error {
+				if ev.AggregateID == a && n(*ev) == 3 && reject.Load() {
+					return core.Permanent(errors.New("no route for this event"))
+				}
+				return nil
+			}}
+			hc, err := walrelay.HandoffConfig(e.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hst, err := store.New(e.pool, hc, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tableRelay, err := core.New(hst, pub, core.Options{PollInterval: 50 * time.Millisecond, DisableWakeups: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			trDone := make(chan error, 1)
+			go func() { trDone <- tableRelay.Run(ctx) }()
+			defer func() { cancel(); <-trDone }()
+			o := e.opts()
+			o.HandedOff = tableRelay.Wake
+			e.start(pub, o)
+
+			for i := range 8 {
+				e.write(flavour.table, a, i, 1)
+				e.write(flavour.table, b, i, 1)
+			}
+			waitFor(t, 20*time.Second, "aggregate B and A up to the poison", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[b]) == 8 && len(o[a]) == 3
+			})
+			waitFor(t, 10*time.Second, "A's events in the table", func() bool {
+				return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL") == 5
+			})
+			if c := e.count("retry_at = 'infinity' AND last_error LIKE '%no route for this event%'"); c != 1 {
+				t.Fatalf("%d held rows with the broker's reason, want 1", c)
+			}
+			st, err := store.New(e.pool, e.cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stuck, err := st.Stuck(context.Background(), store.StuckOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(stuck) != 1 || !stuck[0].Held || stuck[0].HeldBack != 4 || stuck[0].AggregateID != a {
+				t.Fatalf("stuck = %+v, want A's held event holding 4 back", stuck)
+			}
+			// A's next event while held goes to the table too.
+			e.write(flavour.table, a, 8, 1)
+			waitFor(t, 10*time.Second, "A's new event in the table", func() bool {
+				return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL") == 6
+			})
+
+			reject.Store(false)
+			if _, err := st.Retry(context.Background(), store.Selector{Seqs: []int64{stuck[0].Seq}}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 20*time.Second, "A's events through the table", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[a]) == 9
+			})
+			e.write(flavour.table, a, 9, 1)
+			waitFor(t, 20*time.Second, "A's next event from the log", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[a]) == 10
+			})
+			order, _ := firstOrder(pub.events())
+			checkIncreasing(t, order)
+			if c := e.count("handoff_at IS NOT NULL"); c != 6 {
+				t.Errorf("%d rows handed to the table, want 6 (the poison and the five behind it)", c)
+			}
+		})
+	}
+}
+
+// WAL safety: an idle slot advances. Nothing the relay reads is written,
+// but other tables write WAL; the relay's status updates confirm the
+// server's position, so the slot's lag stays small instead of growing
+// with every byte of WAL.
+func TestIdleSlotAdvances(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	e.start(&recorder{}, e.opts())
+	ctx := context.Background()
+	junk := pgx.Identifier{e.cfg.Schema, "junk"}.Sanitize()
+	if _, err := e.pool.Exec(ctx, "CREATE TABLE "+junk+" (x text)"); err != nil {
+		t.Fatal(err)
+	}
+	var before string
+	if err := e.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if _, err := e.pool.Exec(ctx, "INSERT INTO "+junk+" SELECT repeat('x', 1000) FROM generate_series(1, 2000)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var written int64
+	if err := e.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn() - $1::pg_lsn", before).Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	if written < 4<<20 {
+		t.Fatalf("only %d bytes of WAL written", written)
+	}
+	waitFor(t, 10*time.Second, "the idle slot to confirm", func() bool { return e.status().LagBytes < 256<<10 })
+	t.Logf("%d bytes of WAL written elsewhere; slot lag now %d bytes", written, e.status().LagBytes)
+}
+
+// Back-pressure: with the broker down the relay reads at most MaxInFlight
+// events and stops, confirms nothing past them, and a relay started after
+// it resumes from the confirmed position and delivers every event.
+func TestBrokerOutageBoundsMemoryAndResumes(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	down := &recorder{fail: func(*core.Event) error { return errors.New("broker unreachable") }}
+	o := e.opts()
+	o.MaxInFlight = 40
+	o.ShutdownTimeout = 200 * time.Millisecond
+	before := e.status().ConfirmedFlush
+	r := e.start(down, o)
+	aggs := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}
+	for i := range 300 {
+		e.write(i%2 == 0, aggs[i%3], i/3, 1)
+	}
+	peak := int64(0)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		peak = max(peak, r.r.InFlight())
+		time.Sleep(5 * time.Millisecond)
+	}
+	if peak > int64(o.MaxInFlight) || peak == 0 {
+		t.Errorf("in-flight peaked at %d, want 1..%d", peak, o.MaxInFlight)
+	}
+	if got := e.status().ConfirmedFlush; got != before {
+		t.Errorf("slot confirmed %s during the outage, want it still at %s", got, before)
+	}
+	r.stop(t)
+
+	up := &recorder{}
+	e.start(up, e.opts())
+	waitFor(t, 30*time.Second, "every event after the outage", func() bool { return len(up.distinct()) == 300 })
+	order, _ := firstOrder(up.events())
+	checkIncreasing(t, order)
+	t.Logf("in flight at most %d of 300 events during the outage", peak)
+}
+
+// A clear start-up error for a role without REPLICATION; the wal_level
+// error is checked in check_internal_test.go.
+func TestRoleWithoutReplicationIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	role := "norepl_" + strings.TrimPrefix(e.cfg.Schema, "test_")
+	if _, err := e.pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN NOREPLICATION"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = e.pool.Exec(context.Background(), "DROP ROLE "+role) })
+	pc, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := walrelay.New(pool, &recorder{}, e.opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "lacks the REPLICATION attribute") || !strings.Contains(err.Error(), "ALTER ROLE") {
+		t.Fatalf("Run = %v, want the REPLICATION error", err)
+	}
+}
+
+// Switching from table mode: rows pending when the slot is created are
+// not in its stream; CreateSlot hands them to the table path, which
+// publishes them, and the aggregates' later events follow them. Inspect
+// shows the slot and publication; DropSlot refuses an active slot and
+// removes an idle one.
+func TestSlotLifecycle(t *testing.T) {
+	e := newEnv(t)
+	agg := uuid.NewString()
+	e.write(true, agg, 0, 5)
+	c := e.createSlot()
+	if !c.Slot || !c.Publication || c.HandedOff != 5 {
+		t.Fatalf("CreateSlot = %+v, want both created and 5 rows handed over", c)
+	}
+	if again := e.createSlot(); again.Slot || again.Publication || again.HandedOff != 0 {
+		t.Errorf("second CreateSlot = %+v, want nothing done", again)
+	}
+	st := e.status()
+	want := e.cfg.Schema + "." + e.cfg.Table // format %I quotes only names that need it
+	if !st.Exists || st.Plugin != "pgoutput" || !st.PublicationExists || len(st.PublicationTables) != 1 || st.PublicationTables[0] != want {
+		t.Fatalf("status = %+v", st)
+	}
+	pub := &recorder{}
+	hc, _ := walrelay.HandoffConfig(e.cfg)
+	hst, err := store.New(e.pool, hc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, _ := core.New(hst, pub, core.Options{PollInterval: 50 * time.Millisecond, DisableWakeups: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	trDone := make(chan error, 1)
+	go func() { trDone <- tr.Run(ctx) }()
+	defer func() { cancel(); <-trDone }()
+	r := e.start(pub, e.opts())
+	e.write(true, agg, 5, 1)
+	waitFor(t, 20*time.Second, "old and new events", func() bool { return len(pub.distinct()) == 6 })
+	order, _ := firstOrder(pub.events())
+	checkIncreasing(t, order)
+
+	waitFor(t, 5*time.Second, "the relay to hold the slot", r.r.Holding)
+	if err := walrelay.DropSlot(context.Background(), e.pool, e.cfg, e.slot); !errors.Is(err, walrelay.ErrSlotBusy) {
+		t.Fatalf("DropSlot of an active slot = %v, want ErrSlotBusy", err)
+	}
+	r.stop(t)
+	e.dropSlot()
+	if st := e.status(); st.Exists || st.PublicationExists {
+		t.Fatalf("after drop: %+v", st)
+	}
+}

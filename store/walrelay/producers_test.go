@@ -1,0 +1,267 @@
+package walrelay_test
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/walrelay"
+)
+
+// flavours are the two producer flavours of log mode.
+var flavours = []struct {
+	name  string
+	table bool
+}{{"rows", true}, {"messages", false}}
+
+// writeMsgs commits msgs in one transaction, as rows or as log-only
+// messages.
+func (e *env) writeMsgs(table bool, msgs ...outbox.Message) {
+	e.t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if table {
+			return e.rows.Write(ctx, tx, msgs...)
+		}
+		return e.log.Write(ctx, tx, msgs...)
+	})
+	if err != nil {
+		e.t.Fatalf("write: %v", err)
+	}
+}
+
+// startTablePath runs the table path of log mode: a core.Relay over the
+// handoff view, woken by the log relay's hand-overs through o.HandedOff.
+func (e *env) startTablePath(pub core.Publisher, o *walrelay.Options) {
+	e.t.Helper()
+	hc, err := walrelay.HandoffConfig(e.cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	hst, err := store.New(e.pool, hc, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tr, err := core.New(hst, pub, core.Options{PollInterval: 50 * time.Millisecond, DisableWakeups: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx) }()
+	e.t.Cleanup(func() { cancel(); <-done })
+	o.HandedOff = tr.Wake
+}
+
+// The producers' table contract through the log: any string key, bytes
+// payloads with their content type (empty and non-UTF-8 ones too), JSON
+// with a JSON content type, a topic per event, and a deliver-at time
+// already past, published by the log relay itself, each exactly as
+// written. Rows come from Writer and from the SQL write function;
+// messages from LogWriter and from SQL (json_build_object, base64 as
+// PostgreSQL's encode writes it, line breaks and all).
+func TestRelaysProducerFields(t *testing.T) {
+	for _, fl := range flavours {
+		t.Run(fl.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.createSlot()
+			pub := &recorder{}
+			e.start(pub, e.opts())
+			id := func() string { return uuid.Must(uuid.NewV7()).String() }
+			proto := []byte{0x0a, 0x03, 0xff, 0x00, 0x80, '"', '\\'}
+			want := []outbox.Message{
+				{ID: id(), AggregateID: "ord_2Xb9", Type: "invoice.due", ContentType: "application/x-protobuf", Payload: proto, Topic: "billing.reminders"},
+				{ID: id(), AggregateID: "ord_2Xb9", Type: "invoice.empty", ContentType: "application/octet-stream", Payload: []byte{}},
+				{ID: id(), AggregateID: "12345", Type: "order.placed", ContentType: "application/cloudevents+json", Payload: []byte(`{"a" : [1, 2.50]}`),
+					Headers: map[string]string{"tenant": "acme"}},
+				{ID: id(), AggregateID: "12345", Type: "order.paid", Payload: []byte(`{"late":true}`), DeliverAt: time.Now().Add(-time.Hour)},
+			}
+			e.writeMsgs(fl.table, want[:2]...)
+			e.writeMsgs(fl.table, want[2:]...)
+
+			// A producer in another language, in SQL, with a deliver-at
+			// time in PostgreSQL's own JSON form.
+			big := bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef}, 40) // base64 over 76 characters
+			sqlEvent := outbox.Message{ID: id(), AggregateID: "sql-1", Type: "sql.bytes", ContentType: "avro/binary", Payload: big, Topic: "from.sql"}
+			ctx := context.Background()
+			if fl.table {
+				fn := pgx.Identifier{e.cfg.Schema, e.cfg.Table + "_write"}.Sanitize()
+				if _, err := e.pool.Exec(ctx, "SELECT "+fn+"($1, $2, $3::bytea, topic => $4, content_type => $5, event_id => $6, deliver_at => now() - interval '1 hour')",
+					sqlEvent.AggregateID, sqlEvent.Type, big, sqlEvent.Topic, sqlEvent.ContentType, sqlEvent.ID); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				prefix, _ := walrelay.MessagePrefix(e.cfg)
+				if _, err := e.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, json_build_object(
+    'v', 1, 'event_id', $2::text, 'aggregate_id', $3::text, 'type', $4::text,
+    'content_type', $5::text, 'topic', $6::text, 'deliver_at', now() - interval '1 hour',
+    'payload_base64', encode($7::bytea, 'base64'))::text)`,
+					prefix, sqlEvent.ID, sqlEvent.AggregateID, sqlEvent.Type, sqlEvent.ContentType, sqlEvent.Topic, big); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want = append(want, sqlEvent)
+
+			waitFor(t, 20*time.Second, "every event", func() bool { return len(pub.distinct()) == len(want) })
+			got := map[string]core.Event{}
+			for _, ev := range pub.events() {
+				got[ev.ID] = ev
+			}
+			for _, m := range want {
+				ev := got[m.ID]
+				if ev.AggregateID != m.AggregateID || ev.Type != m.Type || ev.ContentType != m.ContentType || ev.Topic != m.Topic {
+					t.Errorf("event %s published as key %q type %q content type %q topic %q, want %q %q %q %q",
+						m.Type, ev.AggregateID, ev.Type, ev.ContentType, ev.Topic, m.AggregateID, m.Type, m.ContentType, m.Topic)
+				}
+				if !bytes.Equal(ev.Payload, m.Payload.([]byte)) {
+					t.Errorf("event %s payload %q, want %q", m.Type, ev.Payload, m.Payload)
+				}
+				if m.Headers != nil && ev.Headers["tenant"] != "acme" {
+					t.Errorf("event %s headers %v", m.Type, ev.Headers)
+				}
+			}
+			if fl.table {
+				waitFor(t, 10*time.Second, "rows marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+			}
+			if c := e.count("handoff_at IS NOT NULL"); c != 0 {
+				t.Errorf("%d events handed to the table, want none (the past deliver-at time included)", c)
+			}
+		})
+	}
+}
+
+// Scheduled events are not published early: the log relay hands an event
+// whose deliver-at time is still to come to the table, waiting
+// (retry_at = deliver_at, as the table's trigger sets it), and the later
+// events of its aggregate follow it there, as behind a poison event;
+// other aggregates go on from the log. The table path publishes it when
+// due, in order with those behind it, and the aggregate's next events
+// come from the log again. `outbox status` and `stuck` show it as
+// scheduled.
+func TestScheduledEventsWaitInTheTable(t *testing.T) {
+	for _, fl := range flavours {
+		t.Run(fl.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.createSlot()
+			a, b := "acct_"+uuid.NewString()[:8], "acct_"+uuid.NewString()[:8]
+			var mu sync.Mutex
+			var firstA time.Time
+			pub := &recorder{fail: func(ev *core.Event) error {
+				mu.Lock()
+				if ev.AggregateID == a && firstA.IsZero() {
+					firstA = time.Now()
+				}
+				mu.Unlock()
+				return nil
+			}}
+			o := e.opts()
+			e.startTablePath(pub, &o)
+			e.start(pub, o)
+
+			due := time.Now().Add(3 * time.Second).Truncate(time.Microsecond)
+			msg := func(agg string, n int) outbox.Message {
+				return outbox.Message{AggregateID: agg, Type: "reminder.due", Payload: []byte(`{"n":` + string(rune('0'+n)) + `}`)}
+			}
+			scheduled := msg(a, 0)
+			scheduled.DeliverAt = due
+			e.writeMsgs(fl.table, scheduled)
+			e.writeMsgs(fl.table, msg(a, 1), msg(b, 0))
+			e.writeMsgs(fl.table, msg(b, 1))
+
+			waitFor(t, 10*time.Second, "aggregate B from the log", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[b]) == 2
+			})
+			waitFor(t, 5*time.Second, "A's events in the table", func() bool {
+				return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL") == 2
+			})
+			if c := e.count("retry_at = deliver_at AND attempts = 0 AND last_error IS NULL"); c != 1 {
+				t.Fatalf("%d rows waiting for their deliver_at, want 1", c)
+			}
+			st, err := store.New(e.pool, e.cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			status, err := st.Status(context.Background(), store.StatusOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if status.Scheduled != 1 || status.Held != 0 {
+				t.Errorf("status: %d scheduled, %d held, want 1 and 0", status.Scheduled, status.Held)
+			}
+			stuck, err := st.Stuck(context.Background(), store.StuckOptions{IncludeScheduled: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(stuck) != 1 || !stuck[0].Scheduled || !stuck[0].DeliverAt.Equal(due) || stuck[0].HeldBack != 1 {
+				t.Fatalf("stuck = %+v, want A's scheduled event holding one back", stuck)
+			}
+			// A's next event while it waits goes to the table too.
+			e.writeMsgs(fl.table, msg(a, 2))
+			waitFor(t, 5*time.Second, "A's new event in the table", func() bool {
+				return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL") == 3
+			})
+
+			waitFor(t, 20*time.Second, "A's events through the table", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[a]) == 3
+			})
+			mu.Lock()
+			early := due.Sub(firstA)
+			mu.Unlock()
+			if early > 0 {
+				t.Fatalf("A's scheduled event published %s before its deliver_at", early)
+			}
+			e.writeMsgs(fl.table, msg(a, 3))
+			waitFor(t, 10*time.Second, "A's next event from the log", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[a]) == 4
+			})
+			order, _ := firstOrder(pub.events())
+			checkIncreasing(t, order)
+			if c := e.count("handoff_at IS NOT NULL"); c != 3 {
+				t.Errorf("%d rows handed to the table, want 3 (the scheduled event and the two behind it)", c)
+			}
+		})
+	}
+}
+
+// A log-only message from another producer that breaks the table
+// contract is never published: it is held in the table, unreadable, with
+// the reason naming the field, under its own aggregate, so that
+// aggregate's later events follow it there until an operator acts.
+func TestBadMessageHoldsItsAggregate(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	pub := &recorder{}
+	o := e.opts()
+	e.startTablePath(pub, &o)
+	e.start(pub, o)
+	agg := "ord_" + uuid.NewString()[:8]
+	prefix, _ := walrelay.MessagePrefix(e.cfg)
+	id := uuid.NewString()
+	if _, err := e.pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, json_build_object(
+    'v', 1, 'event_id', $2::text, 'aggregate_id', $3::text, 'type', 'order.placed',
+    'headers', json_build_object('content-type', 'text/plain'), 'payload', '{}'::json)::text)`, prefix, id, agg); err != nil {
+		t.Fatal(err)
+	}
+	e.writeMsgs(false, outbox.Message{AggregateID: agg, Type: "order.paid", Payload: []byte(`{"n":1}`)})
+	waitFor(t, 10*time.Second, "the bad message and the one behind it in the table", func() bool {
+		return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL AND aggregate_id = '"+agg+"'") == 2
+	})
+	if c := e.count("event_id = '" + id + "' AND type = 'outbox.unreadable' AND retry_at = 'infinity' AND last_error LIKE '%header name \"content-type\" is set by the relay%'"); c != 1 {
+		t.Fatalf("%d held unreadable rows naming the reserved header, want 1", c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if len(pub.events()) != 0 {
+		t.Fatalf("published %d events, want none while the bad message is held", len(pub.events()))
+	}
+}

@@ -1,0 +1,854 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
+)
+
+// Options configure a Relay. The zero value is valid: every unset field
+// takes the default named in its comment.
+type Options struct {
+	Store store.Config // the outbox's names and event limits; defaults as in store.Config
+	Slot  Slot         // defaults as in Slot
+	// CreateSlot creates the publication and the slot when the slot is
+	// missing (see CreateSlot), instead of failing.
+	CreateSlot bool
+
+	Lanes int // concurrent publishes, one aggregate per lane; default 16, at most core.MaxLanes
+	// MaxInFlight bounds the events read from the slot and not yet done
+	// (published and recorded); past it the relay stops reading, so a
+	// broker outage holds memory still. Default 10000.
+	MaxInFlight int
+	// MaxInFlightBytes bounds their payload and header bytes the same
+	// way; default 64 MiB. One event is always let in.
+	MaxInFlightBytes int
+	// MarkBatch is how many published rows one statement marks
+	// dispatched; default 500.
+	MarkBatch      int
+	PublishTimeout time.Duration // bound on one publish; default 30s
+	// RetryBackoff paces the retries of an event whose publish failed
+	// transiently: it is retried in place, holding its aggregate (and the
+	// slot's position) back; default 500ms doubling to 1m.
+	RetryBackoff core.Backoff
+	// ErrorBackoff paces reconnects and database retries; default 100ms
+	// doubling to 10s.
+	ErrorBackoff core.Backoff
+	// StandbyInterval is how often a relay that waits for the slot tries
+	// to take it over; default 1s.
+	StandbyInterval time.Duration
+	// StatusInterval is how often the relay confirms its position to the
+	// server and asks for a reply; an idle slot's position advances with
+	// it. Default 1s.
+	StatusInterval time.Duration
+	// ReceiveTimeout is how long the relay waits for any message from
+	// the server (each status asks for one) before it counts the
+	// connection as dead, drops it and its in-flight events, and starts
+	// over; default 15s, more than StatusInterval.
+	ReceiveTimeout time.Duration
+	// WALSenderTimeout is the server's wal_sender_timeout for this
+	// relay's connection: how long the server keeps the slot for a relay
+	// that stopped answering (paused, cut off) before a standby can take
+	// it over. Default 10s; negative keeps the server's setting
+	// (PostgreSQL's default is 60s).
+	WALSenderTimeout time.Duration
+	// ShutdownTimeout bounds how long Run lets in-flight events finish
+	// after its context is cancelled; default 30s.
+	ShutdownTimeout time.Duration
+	// ApplicationName is the replication connection's application_name;
+	// default "outbox-log-relay".
+	ApplicationName string
+	// HandedOff, when set, is called after the relay handed events to the
+	// table path, to wake its relay (core.Relay.Wake).
+	HandedOff func()
+	Logger    *slog.Logger  // default: discard
+	Observer  core.Observer // default: none
+}
+
+// WithDefaults returns o with every unset field at its default, or an
+// error naming the first field out of range.
+func (o Options) WithDefaults() (Options, error) {
+	var err error
+	if o.Store, err = o.Store.WithDefaults(); err != nil {
+		return o, fmt.Errorf("log relay options: %w", err)
+	}
+	if len(o.Store.Table)+len("_handoff") > 47 {
+		return o, fmt.Errorf("log relay options: table name %q is longer than 39 bytes, too long for its handoff view", o.Store.Table)
+	}
+	if o.Slot, err = o.Slot.WithDefaults(o.Store); err != nil {
+		return o, fmt.Errorf("log relay options: %w", err)
+	}
+	badBackoff := func(b core.Backoff) bool { return b != (core.Backoff{}) && (b.Min <= 0 || b.Max < b.Min) }
+	checks := []struct {
+		name, want string
+		bad        bool
+	}{
+		{"Lanes", fmt.Sprintf("0 (the default) to %d", core.MaxLanes), o.Lanes < 0 || o.Lanes > core.MaxLanes},
+		{"MaxInFlight", "not negative", o.MaxInFlight < 0},
+		{"MaxInFlightBytes", "not negative", o.MaxInFlightBytes < 0},
+		{"MarkBatch", "0 (the default) to 10000", o.MarkBatch < 0 || o.MarkBatch > 10000},
+		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
+		{"StandbyInterval", "not negative", o.StandbyInterval < 0},
+		{"StatusInterval", "not negative", o.StatusInterval < 0},
+		{"ReceiveTimeout", "not negative", o.ReceiveTimeout < 0},
+		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
+		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
+		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
+	}
+	for _, c := range checks {
+		if c.bad {
+			return o, fmt.Errorf("log relay options: %s is invalid, want %s", c.name, c.want)
+		}
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Lanes, 16)
+	def(&o.MaxInFlight, 10000)
+	def(&o.MaxInFlightBytes, 64<<20)
+	def(&o.MarkBatch, 500)
+	defDur(&o.PublishTimeout, 30*time.Second)
+	defDur(&o.StandbyInterval, time.Second)
+	defDur(&o.StatusInterval, time.Second)
+	defDur(&o.ReceiveTimeout, 15*time.Second)
+	defDur(&o.WALSenderTimeout, 10*time.Second)
+	defDur(&o.ShutdownTimeout, 30*time.Second)
+	if o.ReceiveTimeout <= o.StatusInterval {
+		return o, fmt.Errorf("log relay options: ReceiveTimeout %s must exceed StatusInterval %s", o.ReceiveTimeout, o.StatusInterval)
+	}
+	if o.RetryBackoff == (core.Backoff{}) {
+		o.RetryBackoff = core.Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
+	}
+	if o.ErrorBackoff == (core.Backoff{}) {
+		o.ErrorBackoff = core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
+	}
+	if o.ApplicationName == "" {
+		o.ApplicationName = "outbox-log-relay"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Observer == nil {
+		o.Observer = core.Observers(nil)
+	}
+	return o, nil
+}
+
+// HandoffConfig is the store configuration of the table path of log
+// mode: a store.Store (and a core.Relay over it) built with it claims
+// only the rows the log relay handed over, through the handoff view of
+// migration 8, and never the rows the log relay publishes itself.
+func HandoffConfig(cfg store.Config) (store.Config, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Table += "_handoff"
+	if _, err := cfg.WithDefaults(); err != nil {
+		return cfg, fmt.Errorf("handoff view of %s: %w", cfg.Table, err)
+	}
+	return cfg, nil
+}
+
+// Relay publishes the events of a replication slot. Run it in each
+// replica: one holds the slot, the others stand by.
+type Relay struct {
+	pool   *pgxpool.Pool
+	pub    core.Publisher
+	opts   Options
+	log    *slog.Logger
+	obs    core.Observer
+	prefix string
+	sql    statements
+
+	holding  atomic.Bool
+	inFlight atomic.Int64
+	progress atomic.Int64 // unix nanos of the last status sent or standby attempt
+}
+
+// New returns a relay reading the slot over pool's server and publishing
+// to pub; it does not start it.
+func New(pool *pgxpool.Pool, pub core.Publisher, opts Options) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("new log relay: pool and publisher are required")
+	}
+	o, err := opts.WithDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("new log relay: %w", err)
+	}
+	prefix, err := MessagePrefix(o.Store)
+	if err != nil {
+		return nil, fmt.Errorf("new log relay: %w", err)
+	}
+	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: newStatements(o.Store)}, nil
+}
+
+// Options returns the relay's options with defaults filled in.
+func (r *Relay) Options() Options { return r.opts }
+
+// Holding reports whether this relay reads the slot now.
+func (r *Relay) Holding() bool { return r.holding.Load() }
+
+// InFlight is the number of events read and not yet done.
+func (r *Relay) InFlight() int64 { return r.inFlight.Load() }
+
+// LastProgress is when the relay last confirmed its position to the
+// server or, standing by, last tried to take the slot over.
+func (r *Relay) LastProgress() time.Time {
+	n := r.progress.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// Run relays until ctx is cancelled, then lets the in-flight events
+// finish (bounded by ShutdownTimeout), confirms and returns nil. It
+// returns an error only for what retrying cannot fix: the server's
+// wal_level, the role's missing REPLICATION attribute, a missing slot
+// without CreateSlot.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := Check(ctx, r.pool); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("log relay: %w", err)
+	}
+	failures, standing := 0, false
+	for ctx.Err() == nil {
+		streamed, err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if streamed {
+			failures, standing = 0, false
+		}
+		wait := r.opts.StandbyInterval
+		switch {
+		case errors.Is(err, ErrSlotBusy):
+			if !standing {
+				r.log.Info("slot held by another relay; standing by", "slot", r.opts.Slot.Name, "detail", err)
+				standing = true
+			}
+			r.progress.Store(time.Now().UnixNano())
+			failures = 0
+		case errors.Is(err, ErrNoSlot) && r.opts.CreateSlot:
+			c, cerr := CreateSlot(ctx, r.pool, r.opts.Store, r.opts.Slot)
+			if cerr == nil {
+				r.log.Info("slot created", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication,
+					"publication_created", c.Publication, "rows_handed_to_table", c.HandedOff)
+				if c.HandedOff > 0 && r.opts.HandedOff != nil {
+					r.opts.HandedOff()
+				}
+				continue
+			}
+			err = cerr
+			fallthrough
+		default:
+			if errors.Is(err, ErrNoSlot) {
+				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
+			}
+			failures++
+			wait = r.opts.ErrorBackoff.Delay(failures - 1)
+			r.obs.Errored("replication", err)
+			r.log.Error("log relay stream failed", "error", err, "retry_in", wait, "failures", failures)
+		}
+		if !sleep(ctx, wait) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// session reads the slot over one replication connection until the
+// connection fails or ctx is done. streamed says it held the slot.
+func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
+	// The decoding reads values as text: in the formats it parses,
+	// whatever the role's or database's settings.
+	params := map[string]string{"application_name": r.opts.ApplicationName, "bytea_output": "hex", "DateStyle": "ISO"}
+	if r.opts.WALSenderTimeout > 0 {
+		params["wal_sender_timeout"] = fmt.Sprintf("%dms", r.opts.WALSenderTimeout.Milliseconds())
+	}
+	// Bounded: a server behind a cut network would keep the connect or
+	// the first queries waiting forever.
+	sctx, cancel := context.WithTimeout(ctx, r.opts.ReceiveTimeout)
+	defer cancel()
+	conn, err := replicationConn(sctx, r.pool, params)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	start, err := r.slotPosition(sctx)
+	if err != nil {
+		return false, err
+	}
+	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
+	if s.diverted, err = r.loadDiverted(sctx); err != nil {
+		return false, err
+	}
+	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
+	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'", "messages 'true'"},
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch pgErr.Code {
+			case "55006": // object_in_use
+				return false, fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
+			case "42704": // undefined_object
+				return false, fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+			}
+		}
+		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
+	}
+	cancel()
+	r.holding.Store(true)
+	defer r.holding.Store(false)
+	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_over_aggregates", len(s.diverted))
+	return true, s.run(ctx)
+}
+
+// slotPosition reads the slot's confirmed position, where its stream
+// resumes.
+func (r *Relay) slotPosition(ctx context.Context) (pglogrepl.LSN, error) {
+	var plugin string
+	var lsn *string
+	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots
+WHERE slot_name = $1 AND database = current_database()`, r.opts.Slot.Name).Scan(&plugin, &lsn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: slot %s in this database", ErrNoSlot, r.opts.Slot.Name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read slot %s: %w", r.opts.Slot.Name, err)
+	}
+	if plugin != "pgoutput" {
+		return 0, fmt.Errorf("slot %s uses plugin %s, not pgoutput", r.opts.Slot.Name, plugin)
+	}
+	if lsn == nil {
+		return 0, fmt.Errorf("slot %s has no confirmed position", r.opts.Slot.Name)
+	}
+	return pglogrepl.ParseLSN(*lsn)
+}
+
+// loadDiverted lists the aggregates with pending handed-off rows, whose
+// later events must follow them through the table. It waits for a
+// CreateSlot that is still handing rows over.
+func (r *Relay) loadDiverted(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, r.sql.diverted)
+		if err != nil {
+			return err
+		}
+		aggs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, a := range aggs {
+			out[a] = true
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list aggregates handed to the table: %w", err)
+	}
+	return out, nil
+}
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// stream is one session's reading of the slot: the reader (run) owns the
+// connection; lanes publish; the marker records published rows.
+type stream struct {
+	r         *Relay
+	conn      *pgconn.PgConn
+	tracker   *tracker
+	relations map[uint32]*pglogrepl.RelationMessage
+
+	// reader state
+	txn        *txn
+	commitTime time.Time
+	received   pglogrepl.LSN
+
+	lanes  []chan *item
+	marks  chan *item
+	freed  chan struct{} // a token whenever an event is done
+	bytes  atomic.Int64  // payload bytes in flight
+	events atomic.Int64
+
+	mu       sync.Mutex
+	diverted map[string]bool // aggregates whose events go to the table
+}
+
+// item is one event read from the slot.
+type item struct {
+	ev   core.Event
+	txn  *txn
+	row  bool  // from a row of the table (ev.Seq is its seq), not a message
+	size int64 // payload and header bytes
+	bad  error // cannot be relayed: held in the table
+	wait bool  // inserted to wait (retry_at set): the table path's
+	// deliverAt, when in the future, is when a scheduled event is due;
+	// until then it is the table path's too.
+	deliverAt time.Time
+	raw       []byte
+}
+
+func (s *stream) run(ctx context.Context) error {
+	o := s.r.opts
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+		s.r.inFlight.Add(-s.events.Load())
+	}()
+	s.freed = make(chan struct{}, 1)
+	s.marks = make(chan *item, o.MaxInFlight+1)
+	s.lanes = make([]chan *item, o.Lanes)
+	for i := range s.lanes {
+		s.lanes[i] = make(chan *item, o.MaxInFlight+1)
+		wg.Go(func() { s.lane(work, s.lanes[i]) })
+	}
+	wg.Go(func() { s.marker(work) })
+	wg.Go(func() { s.refreshDiverted(work) })
+
+	lastRecv := time.Now()
+	nextStatus := time.Now()
+	for {
+		if ctx.Err() != nil {
+			return s.drain()
+		}
+		now := time.Now()
+		if !now.Before(nextStatus) {
+			if err := s.sendStatus(true); err != nil {
+				return err
+			}
+			nextStatus = now.Add(o.StatusInterval)
+		}
+		if s.full() {
+			// Back-pressure: read nothing until an event is done; keep
+			// confirming so the server keeps the connection.
+			t := time.NewTimer(time.Until(nextStatus))
+			select {
+			case <-s.freed:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			lastRecv = time.Now()
+			continue
+		}
+		rctx, rcancel := context.WithDeadline(ctx, nextStatus)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		rcancel()
+		if err != nil {
+			if pgconn.Timeout(err) {
+				if since := time.Since(lastRecv); since > o.ReceiveTimeout {
+					return fmt.Errorf("no message from the server for %s (limit %s): connection presumed dead", since.Round(time.Millisecond), o.ReceiveTimeout)
+				}
+				continue
+			}
+			return fmt.Errorf("receive from slot %s: %w", o.Slot.Name, err)
+		}
+		lastRecv = time.Now()
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handle(ctx, msg.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("slot %s: %w", o.Slot.Name, pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("slot %s: the server ended the stream", o.Slot.Name)
+		}
+	}
+}
+
+// full says whether the in-flight bounds are reached; one event is always
+// let in.
+func (s *stream) full() bool {
+	n := s.events.Load()
+	return n > 0 && (n >= int64(s.r.opts.MaxInFlight) || s.bytes.Load() >= int64(s.r.opts.MaxInFlightBytes))
+}
+
+// drain waits, bounded by ShutdownTimeout, for the in-flight events to be
+// done, confirming meanwhile, and confirms a last time.
+func (s *stream) drain() error {
+	deadline := time.Now().Add(s.r.opts.ShutdownTimeout)
+	for s.events.Load() > 0 && time.Now().Before(deadline) {
+		t := time.NewTimer(min(s.r.opts.StatusInterval, time.Until(deadline)))
+		select {
+		case <-s.freed:
+		case <-t.C:
+			_ = s.sendStatus(false)
+		}
+		t.Stop()
+	}
+	if n := s.events.Load(); n > 0 {
+		s.r.log.Warn("log relay stopped with events in flight; the next relay republishes them", "events", n)
+	}
+	return s.sendStatus(false)
+}
+
+func (s *stream) sendStatus(reply bool) error {
+	pos, _ := s.tracker.position()
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: max(s.received, pos), WALFlushPosition: pos, WALApplyPosition: pos, ReplyRequested: reply,
+	})
+	if err != nil {
+		return fmt.Errorf("confirm position %s: %w", pos, err)
+	}
+	s.r.progress.Store(time.Now().UnixNano())
+	return nil
+}
+
+// handle decodes one message of the replication stream.
+func (s *stream) handle(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		if s.txn == nil {
+			s.tracker.idleAt(k.ServerWALEnd)
+		}
+		if k.ReplyRequested {
+			return s.sendStatus(false)
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+	default:
+		return nil
+	}
+	x, err := pglogrepl.ParseXLogData(data[1:])
+	if err != nil {
+		return fmt.Errorf("parse WAL data: %w", err)
+	}
+	s.received = max(s.received, x.WALStart+pglogrepl.LSN(len(x.WALData)))
+	m, err := pglogrepl.Parse(x.WALData)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message: %w", err)
+	}
+	cfg := s.r.opts.Store
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		s.relations[m.RelationID] = m
+	case *pglogrepl.BeginMessage:
+		s.txn = s.tracker.begin()
+		s.commitTime = m.CommitTime
+	case *pglogrepl.CommitMessage:
+		if s.txn == nil {
+			return errors.New("commit without begin in the replication stream")
+		}
+		if s.txn.events > 0 {
+			s.r.obs.Claimed(s.txn.events, 0)
+		}
+		s.tracker.commit(s.txn, m.TransactionEndLSN)
+		s.txn = nil
+	case *pglogrepl.InsertMessage:
+		rel := s.relations[m.RelationID]
+		if rel == nil {
+			return fmt.Errorf("insert into unknown relation %d", m.RelationID)
+		}
+		if rel.Namespace != cfg.Schema || rel.RelationName != cfg.Table || s.txn == nil {
+			return nil
+		}
+		it, skip := decodeRow(rel, m.Tuple, s.commitTime, cfg)
+		if !skip {
+			s.dispatch(ctx, it)
+		}
+	case *pglogrepl.LogicalDecodingMessage:
+		if m.Prefix != s.r.prefix {
+			return nil
+		}
+		it := decodeMessage(m, s.commitTime, cfg)
+		if s.txn == nil {
+			// A non-transactional message: a transaction of its own,
+			// which ends at the message.
+			s.txn = s.tracker.begin()
+			it.ev.CreatedAt = time.Now()
+			s.dispatch(ctx, it)
+			s.tracker.commit(s.txn, m.LSN)
+			s.txn = nil
+			return nil
+		}
+		s.dispatch(ctx, it)
+	}
+	return nil
+}
+
+// dispatch hands it to the lane of its aggregate.
+func (s *stream) dispatch(_ context.Context, it *item) {
+	it.txn = s.txn
+	s.tracker.add(it.txn)
+	s.events.Add(1)
+	s.bytes.Add(it.size)
+	s.r.inFlight.Add(1)
+	s.lanes[laneOf(it.ev.AggregateID, len(s.lanes))] <- it
+}
+
+// finish records it as done: its transaction may now be confirmed.
+func (s *stream) finish(it *item) {
+	s.events.Add(-1)
+	s.bytes.Add(-it.size)
+	s.r.inFlight.Add(-1)
+	s.tracker.done(it.txn)
+	select {
+	case s.freed <- struct{}{}:
+	default:
+	}
+}
+
+// lane publishes its events one after another, in stream order.
+func (s *stream) lane(ctx context.Context, ch <-chan *item) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-ch:
+			if s.process(ctx, it) {
+				s.finish(it)
+			}
+		}
+	}
+}
+
+// process publishes it, or hands it to the table. It reports whether it
+// is done now; a published row is done once the marker recorded it, and
+// nothing is done when ctx ends first.
+func (s *stream) process(ctx context.Context, it *item) bool {
+	o := s.r.opts
+	if it.bad != nil {
+		return s.hold(ctx, it, core.Permanent(fmt.Errorf("cannot relay event: %w", it.bad)), true)
+	}
+	div, ok := retry(ctx, s, "look up handed-over aggregate", func() (bool, error) { return s.isDiverted(ctx, it.ev.AggregateID) })
+	if !ok {
+		return false
+	}
+	if div || it.wait || it.deliverAt.After(time.Now()) {
+		// Behind a handed-over event of its aggregate, waiting, or
+		// scheduled: the table path publishes it when due, and the
+		// aggregate's later events follow it there.
+		return s.hold(ctx, it, nil, false)
+	}
+	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, o.PublishTimeout)
+		err := s.r.pub.Publish(pctx, &it.ev)
+		cancel()
+		if ctx.Err() != nil {
+			return false // dropped with the session; the next one republishes
+		}
+		s.r.obs.Published(&it.ev, time.Since(start), err)
+		if err == nil {
+			break
+		}
+		permanent := core.IsPermanent(err)
+		s.r.log.Warn("publish failed", "event_seq", it.ev.Seq, "event_id", it.ev.ID, "aggregate_id", it.ev.AggregateID,
+			"type", it.ev.Type, "attempt", attempt+1, "permanent", permanent, "error", err)
+		if permanent {
+			return s.hold(ctx, it, err, false)
+		}
+		it.ev.Attempts++
+		if !sleep(ctx, o.RetryBackoff.Delay(attempt)) {
+			return false
+		}
+	}
+	if it.row {
+		s.marks <- it
+		return false
+	}
+	return true
+}
+
+// hold hands it to the table: held with reason when reason is set (the
+// event cannot be published), else pending (behind its aggregate's held
+// event, or scheduled until its deliver_at). Later events of its
+// aggregate follow it there.
+func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool) bool {
+	if reason != nil {
+		if rejected {
+			s.r.obs.Rejected(&it.ev, reason)
+		}
+		s.r.log.Warn("event held in the table: it cannot be published", "event_seq", it.ev.Seq, "event_id", it.ev.ID,
+			"aggregate_id", it.ev.AggregateID, "type", it.ev.Type, "error", reason)
+	}
+	_, ok := retry(ctx, s, "hand event to the table", func() (struct{}, error) {
+		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, it, reason)
+	})
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	s.diverted[it.ev.AggregateID] = true
+	s.mu.Unlock()
+	if reason != nil {
+		s.r.obs.Completed(0, 1, 0)
+	}
+	if s.r.opts.HandedOff != nil {
+		s.r.opts.HandedOff()
+	}
+	return true
+}
+
+// isDiverted says whether agg's events go to the table: it has pending
+// handed-off rows. Only aggregates known to have had some are looked up.
+func (s *stream) isDiverted(ctx context.Context, agg string) (bool, error) {
+	s.mu.Lock()
+	known := s.diverted[agg]
+	s.mu.Unlock()
+	if !known {
+		return false, nil
+	}
+	var pending bool
+	if err := s.r.pool.QueryRow(ctx, s.r.sql.pendingAgg, agg).Scan(&pending); err != nil {
+		return false, err
+	}
+	if !pending {
+		s.mu.Lock()
+		delete(s.diverted, agg)
+		s.mu.Unlock()
+	}
+	return pending, nil
+}
+
+// refreshDiverted adds, every few seconds, aggregates that gained pending
+// handed-off rows outside this relay (an operator's unpark).
+func (s *stream) refreshDiverted(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rows, err := s.r.pool.Query(ctx, s.r.sql.diverted)
+		if err != nil {
+			continue
+		}
+		aggs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			continue
+		}
+		s.mu.Lock()
+		for _, a := range aggs {
+			s.diverted[a] = true
+		}
+		s.mu.Unlock()
+	}
+}
+
+// marker marks published rows dispatched, many per statement, and only
+// then counts them done.
+func (s *stream) marker(ctx context.Context) {
+	batch := make([]*item, 0, s.r.opts.MarkBatch)
+	seqs := make([]int64, 0, s.r.opts.MarkBatch)
+	for {
+		batch, seqs = batch[:0], seqs[:0]
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-s.marks:
+			batch = append(batch, it)
+		}
+	more:
+		for len(batch) < s.r.opts.MarkBatch {
+			select {
+			case it := <-s.marks:
+				batch = append(batch, it)
+			default:
+				break more
+			}
+		}
+		for _, it := range batch {
+			seqs = append(seqs, it.ev.Seq)
+		}
+		start := time.Now()
+		missing, ok := retry(ctx, s, "mark events dispatched", func() (int, error) {
+			return s.r.sql.mark(ctx, s.r.pool, seqs)
+		})
+		if !ok {
+			return
+		}
+		if missing > 0 {
+			s.r.log.Warn("published rows not found to mark; deleted since", "rows", missing)
+		}
+		s.r.obs.Completed(len(batch), 0, time.Since(start))
+		for _, it := range batch {
+			s.finish(it)
+		}
+	}
+}
+
+// retry calls f until it succeeds or ctx ends, backing off; ok is false
+// when ctx ended.
+func retry[T any](ctx context.Context, s *stream, what string, f func() (T, error)) (v T, ok bool) {
+	for attempt := 0; ; attempt++ {
+		v, err := f()
+		if err == nil {
+			return v, true
+		}
+		if ctx.Err() != nil {
+			return v, false
+		}
+		wait := s.r.opts.ErrorBackoff.Delay(attempt)
+		s.r.obs.Errored("record", err)
+		s.r.log.Error("log relay: "+what+" failed", "error", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return v, false
+		}
+	}
+}
+
+// laneOf hashes the aggregate id with FNV-1a, as the table relay does.
+func laneOf(aggregateID string, lanes int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(aggregateID); i++ {
+		h ^= uint32(aggregateID[i])
+		h *= 16777619
+	}
+	return int(h % uint32(lanes))
+}

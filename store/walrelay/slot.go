@@ -1,0 +1,345 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// Slot names the replication slot and the publication the log relay of
+// one outbox reads. The koanf tags are the keys of the binary's
+// "relay.log" section.
+type Slot struct {
+	// Name is the logical replication slot: lower-case letters, digits
+	// and underscores, at most 63 bytes. Defaults to "outbox_" then the
+	// schema and table, with other characters as underscores.
+	Name string `koanf:"slot"`
+	// Publication is the publication on the outbox table the slot's
+	// pgoutput reads inserts from. Defaults to the slot's name.
+	Publication string `koanf:"publication"`
+}
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// WithDefaults fills the names from the outbox cfg names and checks them.
+func (s Slot) WithDefaults(cfg store.Config) (Slot, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return s, err
+	}
+	if s.Name == "" {
+		s.Name = defaultSlotName(cfg)
+	}
+	if !slotName.MatchString(s.Name) {
+		return s, fmt.Errorf("slot %q: want 1 to 63 lower-case letters, digits or underscores", s.Name)
+	}
+	if s.Publication == "" {
+		s.Publication = s.Name
+	}
+	if len(s.Publication) > 63 || strings.ContainsRune(s.Publication, 0) {
+		return s, fmt.Errorf("publication %q: want at most 63 bytes and no NUL", s.Publication)
+	}
+	return s, nil
+}
+
+func defaultSlotName(cfg store.Config) string {
+	b := []byte("outbox_" + strings.ToLower(cfg.Schema+"_"+cfg.Table))
+	for i, c := range b {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 63 {
+		b = b[:63]
+	}
+	return string(b)
+}
+
+// ErrSlotBusy is returned (wrapped) when another session reads the slot:
+// only one relay holds a slot at a time.
+var ErrSlotBusy = errors.New("replication slot is in use by another relay")
+
+// ErrNoSlot is returned (wrapped) when the slot does not exist.
+var ErrNoSlot = errors.New("replication slot does not exist")
+
+// Check verifies what the log relay needs from the server and the role
+// before it starts: wal_level logical, and the REPLICATION attribute. The
+// error says what to change.
+func Check(ctx context.Context, pool *pgxpool.Pool) error {
+	var level, role string
+	var repl bool
+	err := pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user,
+       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)`).Scan(&level, &role, &repl)
+	if err != nil {
+		return fmt.Errorf("check server for the log relay: %w", err)
+	}
+	if err := checkWALLevel(level); err != nil {
+		return err
+	}
+	if !repl {
+		return fmt.Errorf("role %q lacks the REPLICATION attribute the log relay needs to read a replication slot: run ALTER ROLE %s REPLICATION (or use relay.mode table)",
+			role, pgx.Identifier{role}.Sanitize())
+	}
+	return nil
+}
+
+func checkWALLevel(level string) error {
+	if level != "logical" {
+		return fmt.Errorf("server has wal_level=%s; the log relay needs wal_level=logical: set it in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL, or use relay.mode table", level)
+	}
+	return nil
+}
+
+// replicationConn opens a logical replication connection with the
+// settings of pool; params are added to its startup parameters.
+func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]string) (*pgconn.PgConn, error) {
+	cc := pool.Config().ConnConfig.Copy()
+	pc := cc.Config.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	pc.RuntimeParams["replication"] = "database"
+	for k, v := range params {
+		pc.RuntimeParams[k] = v
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open replication connection: %w", err)
+	}
+	return conn, nil
+}
+
+func lockKey(s Slot) string { return "outbox slot " + s.Name }
+
+// Created says what CreateSlot did.
+type Created struct {
+	Slot, Publication bool // created now (false: it existed)
+	// HandedOff counts pending rows committed before the slot existed,
+	// which its stream will never carry: they were handed to the table
+	// path, which publishes them in order.
+	HandedOff int64
+}
+
+// CreateSlot creates the publication on the outbox table (inserts only)
+// and the slot, each unless it exists. Pending rows the slot's stream
+// cannot carry, those committed before its consistent point (read in the
+// snapshot the slot exports), are handed to the table path, so switching
+// an outbox from table mode to log mode loses nothing. Creating the
+// publication needs ownership of the table.
+func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) (Created, error) {
+	var c Created
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return c, err
+	}
+	if s, err = s.WithDefaults(cfg); err != nil {
+		return c, err
+	}
+	if err := Check(ctx, pool); err != nil {
+		return c, err
+	}
+	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	if c.Publication, err = createPublication(ctx, pool, s, table); err != nil {
+		return c, err
+	}
+	st, err := Inspect(ctx, pool, cfg, s)
+	if err != nil {
+		return c, err
+	}
+	if st.Exists {
+		if st.Plugin != "pgoutput" {
+			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
+		}
+		return c, nil
+	}
+	lock, err := pool.Acquire(ctx)
+	if err != nil {
+		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	defer lock.Release()
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", lockKey(s)); err != nil {
+		return c, fmt.Errorf("create slot %s: take lock: %w", s.Name, err)
+	}
+	defer func() {
+		_, _ = lock.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(s))
+	}()
+	repl, err := replicationConn(ctx, pool, nil)
+	if err != nil {
+		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, s.Name, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
+			return c, nil
+		}
+		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	c.Slot = true
+	// The exported snapshot lives while the replication connection stays
+	// idle: read the rows it sees, then let it go.
+	var seqs []int64
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(res.SnapshotName, "'", "''")+"'"); err != nil {
+			return fmt.Errorf("import the slot's snapshot: %w", err)
+		}
+		return tx.QueryRow(ctx, `SELECT COALESCE(array_agg(seq ORDER BY seq), '{}') FROM `+table+`
+WHERE dispatched_at IS NULL AND handoff_at IS NULL`).Scan(&seqs)
+	})
+	if err == nil && len(seqs) > 0 {
+		var tag pgconn.CommandTag
+		tag, err = pool.Exec(ctx, `UPDATE `+table+` SET handoff_at = now()
+WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`, seqs)
+		c.HandedOff = tag.RowsAffected()
+	}
+	if err != nil {
+		// Without the hand-off those rows would wait forever: drop the
+		// slot so that the next attempt starts over.
+		repl.Close(context.WithoutCancel(ctx))
+		if derr := dropSlot(context.WithoutCancel(ctx), pool, s.Name); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return Created{Publication: c.Publication}, fmt.Errorf("create slot %s: hand over rows committed before it: %w", s.Name, err)
+	}
+	return c, nil
+}
+
+func createPublication(ctx context.Context, pool *pgxpool.Pool, s Slot, table string) (bool, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", s.Publication).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look up publication %s: %w", s.Publication, err)
+	}
+	if exists {
+		return false, nil
+	}
+	_, err := pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{s.Publication}.Sanitize()+" FOR TABLE "+table+" WITH (publish = 'insert')")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create publication %s: %w", s.Publication, err)
+	}
+	return true, nil
+}
+
+// DropSlot drops the slot and the publication, those that exist. A slot
+// a relay is reading cannot be dropped: stop the relays first. Dropping
+// the slot loses its position: events committed since the last confirmed
+// one are not relayed by a slot created later.
+func DropSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) error {
+	s, err := s.WithDefaults(cfg)
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", s.Name).Scan(&exists); err != nil {
+		return fmt.Errorf("look up slot %s: %w", s.Name, err)
+	}
+	if exists {
+		if err := dropSlot(ctx, pool, s.Name); err != nil {
+			return err
+		}
+	}
+	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.Publication}.Sanitize()); err != nil {
+		return fmt.Errorf("drop publication %s: %w", s.Publication, err)
+	}
+	return nil
+}
+
+func dropSlot(ctx context.Context, pool *pgxpool.Pool, name string) error {
+	_, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+		return fmt.Errorf("drop slot %s: %w (%s)", name, ErrSlotBusy, pgErr.Message)
+	}
+	if err != nil {
+		return fmt.Errorf("drop slot %s: %w", name, err)
+	}
+	return nil
+}
+
+// SlotStatus is what the server shows of a slot and its publication.
+type SlotStatus struct {
+	Slot, Publication string
+	Exists            bool // the slot exists
+	Plugin            string
+	Active            bool  // a relay is reading it
+	ActivePID         int32 // its walsender's process id
+	ConfirmedFlush    string
+	RestartLSN        string
+	// LagBytes is the WAL between the server's current position and the
+	// slot's confirmed position: what the relays have not confirmed yet.
+	LagBytes int64
+	// RetainedBytes is the WAL the server keeps for the slot (from its
+	// restart position): the disk an idle or stuck relay costs.
+	RetainedBytes int64
+	// WALStatus is reserved, extended, unreserved or lost (the slot fell
+	// behind max_slot_wal_keep_size and can no longer be read).
+	WALStatus string
+	// SafeWALBytes is how much more WAL can be written before the slot is
+	// lost; -1 when max_slot_wal_keep_size is unlimited.
+	SafeWALBytes int64
+	// PublicationExists and PublicationTables describe the publication.
+	PublicationExists bool
+	PublicationTables []string
+}
+
+// Inspect reads the slot's status. A missing slot is not an error:
+// Exists is false.
+func Inspect(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) (SlotStatus, error) {
+	s, err := s.WithDefaults(cfg)
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	st := SlotStatus{Slot: s.Name, Publication: s.Publication}
+	var pid *int32
+	var confirmed, restart, walStatus *string
+	var lag, retained, safe *int64
+	err = pool.QueryRow(ctx, `
+SELECT plugin, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
+       (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
+       wal_status, safe_wal_size
+FROM pg_replication_slots WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.Active, &pid, &confirmed, &restart, &lag, &retained, &walStatus, &safe)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return st, fmt.Errorf("inspect slot %s: %w", s.Name, err)
+	default:
+		st.Exists = true
+		st.ActivePID = deref(pid)
+		st.ConfirmedFlush, st.RestartLSN, st.WALStatus = deref(confirmed), deref(restart), deref(walStatus)
+		st.LagBytes, st.RetainedBytes = deref(lag), deref(retained)
+		st.SafeWALBytes = -1
+		if safe != nil {
+			st.SafeWALBytes = *safe
+		}
+	}
+	err = pool.QueryRow(ctx, `
+SELECT true, COALESCE((SELECT array_agg(format('%I.%I', schemaname, tablename) ORDER BY 1)
+                       FROM pg_publication_tables t WHERE t.pubname = p.pubname), '{}')
+FROM pg_publication p WHERE pubname = $1`, s.Publication).Scan(&st.PublicationExists, &st.PublicationTables)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return st, fmt.Errorf("inspect publication %s: %w", s.Publication, err)
+	}
+	return st, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

@@ -1,0 +1,230 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// statements are the relay's writes to the outbox table.
+type statements struct {
+	markDone   string // published rows, dispatched
+	dispatched string // which of some rows this session sees dispatched
+	diverted   string // aggregates with pending handed-off rows
+	pendingAgg string // whether one aggregate has some
+	handRow    string // a row of the table to the table path: pending, or held with a reason
+	insertMsg  string // a log-only event into the table: pending, or held
+	insertBad  string // a message that cannot be read as an event, held
+}
+
+func newStatements(cfg store.Config) statements {
+	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
+	return statements{
+		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
+		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
+		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
+		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
+		// Held rows get the table relay's marks of a permanent failure;
+		// a pending row keeps its retry_at, or waits for its deliver_at
+		// (a row written without migration 7's trigger).
+		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
+    attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
+    last_error = COALESCE($2, last_error),
+    retry_at = CASE WHEN $2::text IS NULL THEN COALESCE(retry_at, deliver_at) ELSE 'infinity' END,
+    failed_at = CASE WHEN $2::text IS NULL THEN failed_at ELSE now() END
+WHERE seq = $1 AND dispatched_at IS NULL`,
+		// ON CONFLICT: a relay that crashed after the insert and before
+		// confirming reads the event again. A pending event waits for its
+		// deliver_at, as the table's trigger would have it.
+		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, deliver_at,
+    headers, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
+VALUES ($1, $2, $3, $4::text::json, $5, $6, $7, $8, $9::text::jsonb, $10, now(),
+    CASE WHEN $11::text IS NULL THEN 0 ELSE 1 END, $11, CASE WHEN $11::text IS NULL THEN $8 ELSE 'infinity'::timestamptz END,
+    CASE WHEN $11::text IS NULL THEN NULL ELSE now() END)
+ON CONFLICT (event_id) DO NOTHING`,
+		// Under its own aggregate when the message names a valid one, so
+		// the aggregate's later events follow it as they follow a poison
+		// event.
+		insertBad: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
+VALUES (COALESCE($1::uuid, gen_random_uuid()), COALESCE($5, '00000000-0000-0000-0000-000000000000'), 'outbox.unreadable',
+    json_build_object('message', $2::text), $3, now(), 1, $4, 'infinity', now())
+ON CONFLICT (event_id) DO NOTHING`,
+	}
+}
+
+// mark marks the rows seqs dispatched. The stream can deliver a commit a
+// moment before the transaction is visible to other sessions (its commit
+// record is written before it leaves the proc array), so a row the
+// update misses is looked for: one seen dispatched was dispatched already
+// (a replay); any other is marked again after a short wait, since it may
+// have become visible only after the update's snapshot. A row not found
+// dispatched after about 5s is gone (retention deleted it after an
+// earlier dispatch) and counts as done.
+func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, seqs []int64) (missing int, err error) {
+	pending := seqs
+	for attempt := 0; ; attempt++ {
+		rows, err := pool.Query(ctx, q.markDone, pending)
+		if err != nil {
+			return 0, err
+		}
+		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return 0, err
+		}
+		if len(done) == len(pending) {
+			return 0, nil
+		}
+		pending = without(pending, done)
+		rows, err = pool.Query(ctx, q.dispatched, pending)
+		if err != nil {
+			return 0, err
+		}
+		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return 0, err
+		}
+		pending = without(pending, seen)
+		if len(pending) == 0 {
+			return 0, nil
+		}
+		if attempt >= 50 {
+			return len(pending), nil
+		}
+		t := time.NewTimer(time.Duration(1+attempt) * 4 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func without(all, some []int64) []int64 {
+	drop := make(map[int64]bool, len(some))
+	for _, s := range some {
+		drop[s] = true
+	}
+	var out []int64
+	for _, a := range all {
+		if !drop[a] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// handoff records it in the table for the table path: held with reason,
+// or pending when reason is nil.
+func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, reason error) error {
+	var why *string
+	if reason != nil {
+		s := truncate(reason.Error(), 2000)
+		why = &s
+	}
+	if it.row {
+		// As in mark: the row may not be visible yet.
+		for attempt := 0; ; attempt++ {
+			tag, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why)
+			if err != nil {
+				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+			}
+			if tag.RowsAffected() == 1 || attempt >= 50 {
+				return nil
+			}
+			var seen bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (`+q.dispatched+`)`, []int64{it.ev.Seq}).Scan(&seen); err != nil {
+				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+			}
+			if seen {
+				return nil // dispatched already: a replay
+			}
+			if !sleep(ctx, time.Duration(1+attempt)*4*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+	}
+	if it.bad == nil {
+		var headers *string
+		if it.ev.Headers != nil {
+			b, _ := jsonMarshal(it.ev.Headers)
+			s := string(b)
+			headers = &s
+		}
+		var payload *string
+		var payloadBytes []byte
+		if store.IsJSON(it.ev.ContentType) {
+			p := string(it.ev.Payload)
+			payload = &p
+		} else {
+			payloadBytes = it.ev.Payload
+		}
+		var deliverAt *time.Time
+		if !it.deliverAt.IsZero() {
+			deliverAt = &it.deliverAt
+		}
+		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
+			nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why)
+		var pgErr *pgconn.PgError
+		// Data the table's columns or checks refuse, which DecodeMessage
+		// let through: held as unreadable instead, so the stream never
+		// stops on it.
+		if !errors.As(err, &pgErr) || (pgErr.Code[:2] != "22" && pgErr.Code != "23514") {
+			if err != nil {
+				return fmt.Errorf("insert event %s into the table: %w", it.ev.ID, err)
+			}
+			return nil
+		}
+		r := fmt.Sprintf("the table refuses the event: %s", pgErr.Message)
+		if reason != nil {
+			r = reason.Error() + "; " + r
+		}
+		reason = errors.New(r)
+	}
+	var id *string
+	if it.ev.ID != "" {
+		id = &it.ev.ID
+	}
+	var agg *string
+	if store.CheckKey(it.ev.AggregateID) == nil {
+		agg = &it.ev.AggregateID
+	}
+	why2 := truncate(reason.Error(), 2000)
+	_, err := pool.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2, agg)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && id != nil {
+		// The event_id itself is not a UUID: give the row a new one.
+		_, err = pool.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")", agg)
+	}
+	if err != nil {
+		return fmt.Errorf("insert unreadable event message into the table: %w", err)
+	}
+	return nil
+}
+
+// nullable is s, or NULL when empty.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}

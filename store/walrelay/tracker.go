@@ -1,0 +1,93 @@
+package walrelay
+
+import (
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// tracker knows which position of the slot may be confirmed: the end of
+// the latest transaction that it and every transaction before it have
+// all their events done (published and recorded). Transactions finish out
+// of order across lanes; the position moves only over a finished prefix.
+type tracker struct {
+	mu        sync.Mutex
+	txns      []*txn // in commit order, oldest first
+	confirmed pglogrepl.LSN
+}
+
+type txn struct {
+	end       pglogrepl.LSN // end of the commit record; set at commit
+	committed bool          // the commit message has arrived
+	remaining int           // events not done yet
+	events    int
+}
+
+func newTracker(start pglogrepl.LSN) *tracker { return &tracker{confirmed: start} }
+
+// begin opens a transaction at the end of the list.
+func (t *tracker) begin() *txn {
+	x := &txn{}
+	t.mu.Lock()
+	t.txns = append(t.txns, x)
+	t.mu.Unlock()
+	return x
+}
+
+// add counts one more event of x that must be done before x is.
+func (t *tracker) add(x *txn) {
+	t.mu.Lock()
+	x.remaining++
+	x.events++
+	t.mu.Unlock()
+}
+
+// commit records where x ends.
+func (t *tracker) commit(x *txn, end pglogrepl.LSN) {
+	t.mu.Lock()
+	x.end, x.committed = end, true
+	t.advance()
+	t.mu.Unlock()
+}
+
+// done records one event of x as done.
+func (t *tracker) done(x *txn) {
+	t.mu.Lock()
+	x.remaining--
+	t.advance()
+	t.mu.Unlock()
+}
+
+func (t *tracker) advance() {
+	n := 0
+	for _, x := range t.txns {
+		if !x.committed || x.remaining > 0 {
+			break
+		}
+		t.confirmed = max(t.confirmed, x.end)
+		n++
+	}
+	if n > 0 {
+		clear(t.txns[:n])
+		t.txns = t.txns[n:]
+	}
+}
+
+// idleAt moves the position to lsn, a point the server has decoded up to
+// (a keepalive between transactions), when nothing is outstanding: an idle
+// slot confirms progress, so it does not hold WAL back.
+func (t *tracker) idleAt(lsn pglogrepl.LSN) {
+	t.mu.Lock()
+	if len(t.txns) == 0 {
+		t.confirmed = max(t.confirmed, lsn)
+	}
+	t.mu.Unlock()
+}
+
+// position returns the position that may be confirmed and how many
+// transactions are outstanding.
+func (t *tracker) position() (pglogrepl.LSN, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.confirmed, len(t.txns)
+}
