@@ -128,6 +128,10 @@ func (b *bench) explainClaim(ctx context.Context, cfg store.Config) (float64, er
 		return 0, fmt.Errorf("begin explain: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// As the store plans it: it sends this setting in the same batch.
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_nestloop = off"); err != nil {
+		return 0, fmt.Errorf("explain claim: %w", err)
+	}
 	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("explain claim: %w", err)
