@@ -206,7 +206,7 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 	}
 	before := claimBefore(table)
 	claimB, err := b.claimTimes(ctx, "migration 6 (uuid key)", func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, before, b.cfg.BatchSize, store.DefaultMaxEventBytes, store.DefaultMaxClaimBytes)
+		rows, err := tx.Query(ctx, before, b.batchSize(), store.DefaultMaxEventBytes, store.DefaultMaxClaimBytes)
 		if err != nil {
 			return err
 		}
@@ -234,7 +234,7 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 		return err
 	}
 	viaStore := func(ctx context.Context, _ pgx.Tx) error {
-		c, err := st.Claim(ctx, core.ClaimOptions{Limit: b.cfg.BatchSize})
+		c, err := st.Claim(ctx, core.ClaimOptions{Limit: b.batchSize()})
 		if err != nil {
 			return err
 		}

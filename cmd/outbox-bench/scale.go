@@ -112,7 +112,7 @@ func (b *bench) explainClaim(ctx context.Context, cfg store.Config) (float64, er
 	if err != nil {
 		return 0, fmt.Errorf("new store: %w", err)
 	}
-	c, err := st.Claim(ctx, core.ClaimOptions{Limit: b.cfg.BatchSize})
+	c, err := st.Claim(ctx, core.ClaimOptions{Limit: b.batchSize()})
 	if err != nil {
 		return 0, fmt.Errorf("claim: %w", err)
 	}
