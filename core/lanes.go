@@ -16,7 +16,7 @@ import (
 // events is published at a time, in claim order. The store's gate keeps an
 // aggregate's events in claims of one relay at a time; within the relay,
 // the claim loop tells the store which events it has in flight (InFlight of
-// ClaimRequest), so a newer claim may take the next events of an aggregate
+// ClaimOptions), so a newer claim may take the next events of an aggregate
 // whose earlier ones are still queued here: they are queued behind them.
 
 // state is what became of one claimed event.
