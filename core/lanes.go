@@ -39,7 +39,6 @@ type batch struct {
 	states    []state
 	errs      []error // the publish error of each failed event
 	remaining int     // events not yet resolved
-	next      pace
 }
 
 // item is one event of a batch waiting in a queue.
