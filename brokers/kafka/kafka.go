@@ -293,12 +293,19 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	if err := client.RefreshMetadata(); err != nil {
 		return fail("fetch metadata", err, client.Close)
 	}
+	// Sarama's NewAsyncProducer leaks the client it made when the
+	// idempotent producer's first request fails (a broker that does not
+	// answer): its metadata updater would outlive every failed dial. With
+	// no periodic refresh there is no such goroutine; the producer still
+	// fetches metadata for new topics and after leader errors.
+	pcfg := *cfg
+	pcfg.Metadata.RefreshFrequency = 0
 	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
 		Brokers: d.s.Brokers,
 		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
 			return m.Metadata.Get(core.HeaderAggregateID), nil
 		}),
-		OverwriteSaramaConfig: cfg,
+		OverwriteSaramaConfig: &pcfg,
 	}, watermill.NewSlogLogger(d.log))
 	if err != nil {
 		return fail("start producer", err, client.Close)

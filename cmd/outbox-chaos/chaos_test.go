@@ -82,9 +82,11 @@ func runShort(t *testing.T, o Options) {
 	if err := rep.Err(); err != nil {
 		t.Error(err)
 	}
-	// The faults must have bitten, or the zeros above prove nothing.
-	if rep.Duplicates == 0 {
-		t.Error("no duplicates: the faults did not interrupt any relay mid-batch")
+	// The faults must have bitten, or the zeros above prove nothing. A
+	// kill that catches a claim whose events were not yet published leaves
+	// no duplicate, so a relay caught holding a claim counts as bitten too.
+	if rep.Duplicates == 0 && rep.MidClaim == 0 {
+		t.Error("no duplicates and no relay caught mid-claim: the faults did not interrupt any relay's work")
 	}
 	if rep.RelayExits == 0 || rep.FailedCycles == 0 {
 		t.Errorf("relay exits %d, failed cycles %d: the faults did not reach the relays", rep.RelayExits, rep.FailedCycles)

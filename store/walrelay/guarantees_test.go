@@ -376,6 +376,11 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 				o, _ := firstOrder(pub.events())
 				return len(o[a]) == 9
 			})
+			// Published is not yet recorded: until the table path marks
+			// them, a new event of A rightly follows them to the table.
+			waitFor(t, 20*time.Second, "A's handed-off events marked", func() bool {
+				return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL") == 0
+			})
 			e.write(flavour.table, a, 9, 1)
 			waitFor(t, 20*time.Second, "A's next event from the log", func() bool {
 				o, _ := firstOrder(pub.events())
