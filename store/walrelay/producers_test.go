@@ -220,6 +220,11 @@ func TestScheduledEventsWaitInTheTable(t *testing.T) {
 			if early > 0 {
 				t.Fatalf("A's scheduled event published %s before its deliver_at", early)
 			}
+			// Published is not yet marked: until the table path records
+			// them, A's next event rightly follows them into the table.
+			waitFor(t, 10*time.Second, "A's table rows marked", func() bool {
+				return e.count("handoff_at IS NOT NULL AND dispatched_at IS NULL") == 0
+			})
 			e.writeMsgs(fl.table, msg(a, 3))
 			waitFor(t, 10*time.Second, "A's next event from the log", func() bool {
 				o, _ := firstOrder(pub.events())
