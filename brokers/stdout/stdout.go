@@ -1,6 +1,7 @@
 // Package stdout is the "stdout" broker: it writes each event as one JSON
 // object per line (payloads that are not JSON in base64), for trying the relay and for piping into other tools.
-// A write that returns counts as published.
+// A publish returns once its line has been written; lines published at the
+// same time share one write.
 package stdout
 
 import (
@@ -42,11 +43,30 @@ type Line struct {
 }
 
 // Publisher writes events to an io.Writer.
+//
+// Concurrent publishes are joined: each appends its line to the pending
+// buffer, and whichever holds the write turn writes everything pending in
+// one call, so a relay publishing on many lanes makes one system call for
+// many events instead of one each. No publish returns before its own line
+// was written.
 type Publisher struct {
-	mu     sync.Mutex
 	w      io.Writer
 	topics *brokers.Routing
+	turn   chan struct{} // holds a token while a write is in progress
+
+	mu      sync.Mutex
+	pending []byte // lines waiting for the next write
+	spare   []byte // the last write's buffer, reused
+	next    *write // the write that will carry pending
 }
+
+// write is one call to the writer; done closes once it returned.
+type write struct {
+	done chan struct{}
+	err  error
+}
+
+func newWrite() *write { return &write{done: make(chan struct{})} }
 
 var _ core.Publisher = (*Publisher)(nil)
 
@@ -55,7 +75,7 @@ func New(w io.Writer, topics *brokers.Routing) *Publisher {
 	if topics == nil {
 		topics = &brokers.Routing{}
 	}
-	return &Publisher{w: w, topics: topics}
+	return &Publisher{w: w, topics: topics, turn: make(chan struct{}, 1), next: newWrite()}
 }
 
 // Publish implements core.Publisher.
@@ -78,13 +98,50 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	if err != nil {
 		return core.Permanent(fmt.Errorf("encode event %d: %w", e.Seq, err))
 	}
-	b = append(b, '\n')
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, err := p.w.Write(b); err != nil {
+	if err := p.writeLine(ctx, b); err != nil {
 		return fmt.Errorf("write event %d: %w", e.Seq, err)
 	}
 	return nil
+}
+
+// writeLine queues line and returns once a write that carried it returned.
+// A publish whose ctx ends first may still see its line written later:
+// the relay then publishes it again, which at-least-once allows.
+func (p *Publisher) writeLine(ctx context.Context, line []byte) error {
+	p.mu.Lock()
+	p.pending = append(append(p.pending, line...), '\n')
+	mine := p.next
+	p.mu.Unlock()
+	for {
+		select {
+		case <-mine.done:
+			return mine.err
+		case <-ctx.Done():
+			return ctx.Err()
+		case p.turn <- struct{}{}:
+			// While this turn is held no other write runs, so mine is
+			// either written already or is the write made now.
+			p.flush()
+			<-p.turn
+		}
+	}
+}
+
+// flush writes what is pending; the caller holds the turn.
+func (p *Publisher) flush() {
+	p.mu.Lock()
+	buf, w := p.pending, p.next
+	if len(buf) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.pending, p.next = p.spare[:0], newWrite()
+	p.mu.Unlock()
+	_, w.err = p.w.Write(buf)
+	close(w.done)
+	p.mu.Lock()
+	p.spare = buf
+	p.mu.Unlock()
 }
 
 // Close implements core.Publisher; the writer stays open.

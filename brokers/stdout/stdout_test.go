@@ -3,10 +3,12 @@ package stdout_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -93,4 +95,82 @@ func TestConformance(t *testing.T) {
 func jsonNumber(id int64) string {
 	b, _ := json.Marshal(id)
 	return string(b)
+}
+
+// countingSink records each write and can hold writes until released.
+type countingSink struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	writes int
+	hold   chan struct{}
+}
+
+func (s *countingSink) Write(p []byte) (int, error) {
+	<-s.hold
+	time.Sleep(time.Millisecond) // a slow reader, as a pipe can be
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes++
+	return s.buf.Write(p)
+}
+
+func (s *countingSink) has(seq int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return bytes.Contains(s.buf.Bytes(), []byte(`{"seq":`+jsonNumber(seq)+`,`))
+}
+
+// Publishes at the same time share writes, and none returns before its own
+// line is written; a publish whose context ends while it waits returns.
+func TestConcurrentPublishesShareWrites(t *testing.T) {
+	s := &countingSink{hold: make(chan struct{})}
+	p := stdout.New(s, &brokers.Routing{Fixed: "events"})
+	const publishers, each = 32, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers*each)
+	for g := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				seq := int64(g*each + i + 1)
+				e := &core.Event{Seq: seq, ID: "id", AggregateID: "a", Type: "t", Payload: []byte(`{}`)}
+				if err := p.Publish(context.Background(), e); err != nil {
+					errs <- err
+					return
+				}
+				if !s.has(seq) {
+					errs <- errors.New("publish returned before its line was written")
+					return
+				}
+			}
+		}()
+	}
+	// Let the writes through only after every publisher is waiting on one.
+	time.Sleep(50 * time.Millisecond)
+	close(s.hold)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	lines := bytes.Count(s.buf.Bytes(), []byte{'\n'})
+	if lines != publishers*each {
+		t.Fatalf("%d lines, want %d", lines, publishers*each)
+	}
+	if s.writes >= lines/2 {
+		t.Errorf("%d writes for %d lines: concurrent publishes were not joined", s.writes, lines)
+	}
+	t.Logf("%d lines in %d writes", lines, s.writes)
+
+	stuck := &countingSink{hold: make(chan struct{})}
+	p = stdout.New(stuck, &brokers.Routing{Fixed: "events"})
+	go func() { _ = p.Publish(context.Background(), &core.Event{Seq: 1, Payload: []byte(`{}`)}) }()
+	time.Sleep(20 * time.Millisecond) // the first publish is inside its write
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := p.Publish(ctx, &core.Event{Seq: 2, Payload: []byte(`{}`)}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("publish behind a stuck write: %v, want the context's deadline", err)
+	}
+	close(stuck.hold)
 }
