@@ -120,6 +120,28 @@ func (b *bench) binaryDrain(ctx context.Context, name string, cfg store.Config, 
 	if unordered {
 		env = append(env, "OUTBOX_RELAY_UNORDERED=true")
 	}
+	return b.binaryDrainEnv(ctx, name, cfg, n, limit, env...)
+}
+
+// binaryCommand runs one `outbox` command on the schema of cfg to its end.
+func (b *bench) binaryCommand(ctx context.Context, cfg store.Config, args ...string) error {
+	if b.cfg.Outbox == "" {
+		return errNotMeasured("no binary: -outbox names no `outbox` binary (make bench builds bin/outbox)")
+	}
+	cmd := exec.CommandContext(ctx, b.cfg.Outbox, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.cfg.DatabaseURL,
+		"OUTBOX_STORE_SCHEMA="+cfg.Schema, "OUTBOX_STORE_NOTIFY_CHANNEL="+cfg.NotifyChannel)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("outbox %v: %w:\n%s", args, err, out)
+	}
+	return nil
+}
+
+// binaryDrainEnv is binaryDrain with the relay's environment given.
+func (b *bench) binaryDrainEnv(ctx context.Context, name string, cfg store.Config, n int, limit time.Duration, env ...string) (rate, error) {
+	if b.cfg.Outbox == "" {
+		return rate{Name: name, Note: "not measured: -outbox names no binary (make bench builds bin/outbox)"}, nil
+	}
 	start := time.Now()
 	p, err := b.startBinary(ctx, cfg, env...)
 	if err != nil {

@@ -63,9 +63,15 @@ func (b *bench) e2eBrokers() ([]e2eBroker, []latencyRow) {
 	return out, skipped
 }
 
-// e2eRun measures one broker at rate events/s for the latency run's time.
-func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int) (latencyRow, error) {
+// e2eRun measures one broker at rate events/s for the latency run's time,
+// the relay in table mode or, with logMode, reading a replication slot.
+func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int, logMode bool) (latencyRow, error) {
 	row := latencyRow{Rate: rate, Wakeups: true, Path: br.name}
+	relayEnv := append(br.relayEnv, "OUTBOX_ROUTING_TOPIC="+benchTopic)
+	if logMode {
+		row.Path += ", log mode"
+		relayEnv = append(relayEnv, "OUTBOX_RELAY_MODE=log")
+	}
 	if b.cfg.Outbox == "" {
 		row.Note = "not measured: -outbox names no binary"
 		return row, nil
@@ -75,6 +81,16 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int) (latencyRow,
 		return row, err
 	}
 	defer drop()
+	if logMode {
+		if err := b.binaryCommand(ctx, cfg, "slot", "create"); err != nil {
+			return row, err
+		}
+		defer func() {
+			if err := b.binaryCommand(context.WithoutCancel(ctx), cfg, "slot", "drop"); err != nil {
+				b.log.Warn("drop the latency run's slot", "error", err)
+			}
+		}()
+	}
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -112,7 +128,7 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int) (latencyRow,
 		}
 	}()
 
-	relay, err := b.startBinary(ctx, cfg, append(br.relayEnv, "OUTBOX_ROUTING_TOPIC="+benchTopic)...)
+	relay, err := b.startBinary(ctx, cfg, relayEnv...)
 	if err != nil {
 		return row, err
 	}
@@ -166,7 +182,10 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int) (latencyRow,
 	row.P50, row.P99, row.Max = percentile(lat, 50), percentile(lat, 99), percentile(lat, 100)
 	row.Achieved = float64(len(lat)+missing) / last.Sub(start).Seconds()
 	row.Note = "`outbox relay` binary, shipped defaults; a consumer process stamps arrivals"
-	b.log.Info("latency end to end", "broker", br.name, "rate", rate, "p50", row.P50, "p99", row.P99, "max", row.Max, "missing", missing)
+	if logMode {
+		row.Note = "`outbox relay` binary, shipped defaults and relay.mode log; a consumer process stamps arrivals"
+	}
+	b.log.Info("latency end to end", "path", row.Path, "rate", rate, "p50", row.P50, "p99", row.P99, "max", row.Max, "missing", missing)
 	return row, nil
 }
 

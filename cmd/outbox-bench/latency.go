@@ -229,17 +229,23 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 		}
 	}()
 	rep.Latency = append(rep.Latency, skipped...)
+	// Each broker with the table relay and the log relay, side by side.
 	for _, br := range brokers {
-		b.settle(ctx)
-		row, err := b.e2eRun(ctx, br, 1000)
-		if err != nil {
-			if ctx.Err() != nil {
-				return err
+		for _, run := range []struct {
+			rate    int
+			logMode bool
+		}{{1000, false}, {1000, true}, {5000, false}, {5000, true}} {
+			b.settle(ctx)
+			row, err := b.e2eRun(ctx, br, run.rate, run.logMode)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				b.log.Warn("end-to-end latency not measured", "path", row.Path, "rate", run.rate, "error", err)
+				row = latencyRow{Rate: run.rate, Wakeups: true, Path: row.Path, Note: "not measured: " + err.Error()}
 			}
-			b.log.Warn("end-to-end latency not measured", "broker", br.name, "error", err)
-			row = latencyRow{Rate: 1000, Wakeups: true, Path: br.name, Note: "not measured: " + err.Error()}
+			rep.Latency = append(rep.Latency, row)
 		}
-		rep.Latency = append(rep.Latency, row)
 	}
 	for _, wakeups := range []bool{true, false} {
 		for _, rate := range []int{100, 1000, 5000} {
