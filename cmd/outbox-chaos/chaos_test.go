@@ -46,16 +46,16 @@ func TestFaultsKafka(t *testing.T) {
 
 // The relays in log mode: one reads the slot, the others stand by. The
 // relay faults hit the one reading it: killed (SIGKILL), paused past
-// wal_sender_timeout (SIGSTOP), all killed at once; then PostgreSQL
-// crashed and the broker's network cut. Same accounting: nothing lost,
+// wal_sender_timeout (SIGSTOP), all killed at once, its network to
+// PostgreSQL cut; then PostgreSQL crashed and the broker's network cut. Same accounting: nothing lost,
 // nothing out of order; and each time another relay must read the slot
 // within TakeoverSLO.
 func TestFaultsLogMode(t *testing.T) {
 	servers(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	rep := runShort(t, Options{Broker: "amqp", Mode: "log", Events: 2000, ProduceFor: 15 * time.Second,
-		Faults: []string{KillRelay, PauseRelay, KillAll, CrashPG, BlackHole}})
-	for _, f := range []string{KillRelay, PauseRelay, KillAll} {
+		Faults: []string{KillRelay, PauseRelay, KillAll, CutRelayDB, CrashPG, BlackHole}})
+	for _, f := range []string{KillRelay, PauseRelay, KillAll, CutRelayDB} {
 		if len(rep.Takeover[f]) == 0 {
 			t.Errorf("%s: no takeover timed; the fault missed the relay reading the slot", f)
 		}

@@ -40,6 +40,7 @@ const (
 	FreezeMQ    = "freeze-broker"    // SIGSTOP the RabbitMQ process, then SIGCONT
 	BlackHole   = "blackhole-broker" // the relays' broker proxy reads and never answers, then heals
 	HalfOpen    = "halfopen-broker"  // the relays' broker proxy reads nothing and answers nothing, then heals
+	CutRelayDB  = "cut-relay-db"     // log mode: the slot reader's way to PostgreSQL black-holed, then healed
 	topic       = "order"            // where "order.updated" is routed
 	claimWindow = 5 * time.Second    // idle_in_transaction_timeout given to the relays
 )
@@ -47,7 +48,8 @@ const (
 // AllFaults are the fault kinds for RabbitMQ. Kafka runs on kfake, which
 // is in memory: restarting it would lose what it holds, and it runs inside
 // this process, so a Kafka run leaves out RestartMQ and FreezeMQ.
-var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen}
+// CutRelayDB is for log mode only.
+var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen, CutRelayDB}
 
 // LagSLO is the lag (age of the oldest pending event) a run counts as
 // recovered under, after each fault.
@@ -133,6 +135,10 @@ func (o Options) withDefaults() (Options, error) {
 		case RestartMQ, FreezeMQ:
 			if o.Broker == "kafka" {
 				continue // kfake is in memory; see AllFaults
+			}
+		case CutRelayDB:
+			if o.Mode != "log" {
+				continue
 			}
 		default:
 			return o, fmt.Errorf("chaos: unknown fault %q", f)
@@ -427,6 +433,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	slots := make([]*relaySlot, o.Relays)
 	for i := range slots {
 		slots[i] = newRelaySlot(i, bin, o.Dir, relayEnv, log)
+		if o.Mode == "log" {
+			// Each relay reaches PostgreSQL through a proxy of its own,
+			// so the network of the slot's reader alone can be cut.
+			if err := slots[i].proxyDatabase(db.relayURL); err != nil {
+				return nil, err
+			}
+			defer slots[i].db.Cut()
+		}
 		relaysDone.Add(1)
 		go func() { defer relaysDone.Done(); slots[i].supervise(rctx) }()
 	}
@@ -699,6 +713,17 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 		s.signal(syscall.SIGCONT)
 	case FreezeMQ:
 		return f.srv.FreezeRabbitMQ(ctx, f.stall)
+	case CutRelayDB:
+		s, pid := f.target(ctx)
+		if s == nil || s.db == nil {
+			return nil
+		}
+		s.db.SetMode(brokertest.BlackHole)
+		if pid != 0 {
+			f.watchTakeover(ctx, kind, time.Now(), pid)
+		}
+		sleep(ctx, f.stall)
+		s.db.Heal()
 	case BlackHole, HalfOpen:
 		mode := brokertest.BlackHole
 		if kind == HalfOpen {
@@ -746,7 +771,7 @@ func (f *faulter) stopMidClaim(ctx context.Context, s *relaySlot) bool {
 			return false
 		}
 		var open int
-		ports, err := s.localPorts()
+		ports, err := s.clientPorts()
 		if err == nil {
 			err = f.db.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND state <> 'idle'`, relayRole, ports).Scan(&open)

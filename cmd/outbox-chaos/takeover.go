@@ -32,7 +32,7 @@ JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1`, f.slot)
 		return nil, 0, err
 	}
 	for _, r := range f.slots {
-		if ports, err := r.localPorts(); err == nil && slices.Contains(ports, *port) {
+		if ports, err := r.clientPorts(); err == nil && slices.Contains(ports, *port) {
 			return r, pid, nil
 		}
 	}
