@@ -138,6 +138,23 @@ func (p *Proxy) Heal() {
 	}
 }
 
+// TargetPorts lists the local ports of the proxy's connections to its
+// target: the client ports the target sees.
+func (p *Proxy) TargetPorts() []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ports []int32
+	for c := range p.conns {
+		if c.out == nil {
+			continue
+		}
+		if a, ok := c.out.LocalAddr().(*net.TCPAddr); ok {
+			ports = append(ports, int32(a.Port))
+		}
+	}
+	return ports
+}
+
 // Mode is the current mode.
 func (p *Proxy) Mode() Mode {
 	p.mu.Lock()

@@ -111,3 +111,37 @@ func TestProxyBlackHoleAndHalfOpen(t *testing.T) {
 		})
 	}
 }
+
+// TargetPorts are the client ports the target sees: how a caller tells
+// which of the target's sessions came through which proxy.
+func TestProxyTargetPorts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan int32, 1)
+	done := make(chan struct{})
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		seen <- int32(c.RemoteAddr().(*net.TCPAddr).Port)
+		_, _ = io.Copy(c, c)
+		_ = c.Close()
+	}()
+	p := brokertest.NewProxy(t, ln.Addr().String())
+	if got := p.TargetPorts(); len(got) != 0 {
+		t.Fatalf("ports before any connection: %v", got)
+	}
+	c := dial(t, p)
+	if got, err := roundTrip(t, c, "a", time.Second); err != nil || got != "a" {
+		t.Fatalf("forward: %q %v", got, err)
+	}
+	port := <-seen
+	if got := p.TargetPorts(); len(got) != 1 || got[0] != port {
+		t.Fatalf("TargetPorts %v, the target saw port %d", got, port)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // The checker must be able to fail: fed a lost event, a phantom one, an
@@ -47,5 +48,9 @@ func TestAccountingCatchesEveryFault(t *testing.T) {
 	rep = &Report{MaxFailedCyclesPerSecond: 50}
 	if rep.Err() == nil {
 		t.Error("a relay failing 50 cycles a second passes")
+	}
+	rep = &Report{Takeover: map[string][]time.Duration{PauseRelay: {time.Second, TakeoverSLO}}}
+	if err := rep.Err(); err == nil || !strings.Contains(err.Error(), "after pause-relay no other relay read the slot") {
+		t.Errorf("a takeover of %s passes: %v", TakeoverSLO, err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/outboxhq/outbox/brokers/brokertest"
 )
 
 // BuildRelay builds cmd/outbox of the module at root into dir and checks
@@ -54,6 +57,9 @@ type relaySlot struct {
 	exited   chan struct{} // closed when the current process ends
 
 	lines *lineStats
+	// db, in log mode, is the relay's own way to PostgreSQL, which a
+	// fault can cut without touching the other relays.
+	db *brokertest.Proxy
 }
 
 // lineStats counts the relay's "relay cycle failed" lines per second, to
@@ -239,8 +245,16 @@ func (r *relaySlot) exitCount() int {
 	return r.exits
 }
 
-// localPorts lists the local TCP ports of the relay's open sockets, which
-// pg_stat_activity shows as client_port.
+// clientPorts lists the ports PostgreSQL sees the relay's sessions come
+// from (pg_stat_activity.client_port): its proxy's, or its own.
+func (r *relaySlot) clientPorts() ([]int32, error) {
+	if r.db != nil {
+		return r.db.TargetPorts(), nil
+	}
+	return r.localPorts()
+}
+
+// localPorts lists the local TCP ports of the relay's open sockets.
 func (r *relaySlot) localPorts() ([]int32, error) {
 	r.mu.Lock()
 	p := r.proc
@@ -278,4 +292,25 @@ func (r *relaySlot) localPorts() ([]int32, error) {
 		}
 	}
 	return ports, nil
+}
+
+// proxyDatabase sends the relay's database connections through a proxy
+// of its own to the server of url.
+func (r *relaySlot) proxyDatabase(url string) error {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return fmt.Errorf("chaos: relay database url: %w", err)
+	}
+	if r.db, err = brokertest.Listen(u.Host); err != nil {
+		return fmt.Errorf("chaos: relay database proxy: %w", err)
+	}
+	u.Host = r.db.Addr()
+	env := make([]string, 0, len(r.env))
+	for _, kv := range r.env {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") {
+			env = append(env, kv)
+		}
+	}
+	r.env = append(env, "DATABASE_URL="+u.String())
+	return nil
 }

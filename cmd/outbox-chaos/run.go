@@ -40,6 +40,7 @@ const (
 	FreezeMQ    = "freeze-broker"    // SIGSTOP the RabbitMQ process, then SIGCONT
 	BlackHole   = "blackhole-broker" // the relays' broker proxy reads and never answers, then heals
 	HalfOpen    = "halfopen-broker"  // the relays' broker proxy reads nothing and answers nothing, then heals
+	CutRelayDB  = "cut-relay-db"     // log mode: the slot reader's way to PostgreSQL black-holed, then healed
 	topic       = "order"            // where "order.updated" is routed
 	claimWindow = 5 * time.Second    // idle_in_transaction_timeout given to the relays
 )
@@ -47,7 +48,8 @@ const (
 // AllFaults are the fault kinds for RabbitMQ. Kafka runs on kfake, which
 // is in memory: restarting it would lose what it holds, and it runs inside
 // this process, so a Kafka run leaves out RestartMQ and FreezeMQ.
-var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen}
+// CutRelayDB is for log mode only.
+var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen, CutRelayDB}
 
 // LagSLO is the lag (age of the oldest pending event) a run counts as
 // recovered under, after each fault.
@@ -134,6 +136,10 @@ func (o Options) withDefaults() (Options, error) {
 			if o.Broker == "kafka" {
 				continue // kfake is in memory; see AllFaults
 			}
+		case CutRelayDB:
+			if o.Mode != "log" {
+				continue
+			}
 		default:
 			return o, fmt.Errorf("chaos: unknown fault %q", f)
 		}
@@ -181,6 +187,10 @@ type Report struct {
 	// Recovery is, per fault kind, the time from the fault's end until
 	// the lag was back under LagSLO, one entry per fault applied.
 	Recovery map[string][]time.Duration
+	// Takeover is, in log mode, per relay fault that hit the relay
+	// reading the slot, the time from the fault until another walsender
+	// read it.
+	Takeover map[string][]time.Duration
 }
 
 // Err says what is wrong with the figures, or nil.
@@ -202,6 +212,13 @@ func (r *Report) Err() error {
 		for _, d := range r.Recovery[f] {
 			if d >= recoveryLimit {
 				errs = append(errs, fmt.Errorf("after %s the lag stayed over %s for %s", f, LagSLO, recoveryLimit))
+			}
+		}
+	}
+	for _, f := range AllFaults {
+		for _, d := range r.Takeover[f] {
+			if d >= TakeoverSLO {
+				errs = append(errs, fmt.Errorf("after %s no other relay read the slot for %s (bound %s)", f, d.Round(10*time.Millisecond), TakeoverSLO))
 			}
 		}
 	}
@@ -258,13 +275,21 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "  %-26s %s\n", f, summarize(ds))
 		}
 	}
+	if len(r.Takeover) > 0 {
+		fmt.Fprintf(w, "%-28s\n", "takeover (from the fault on the slot's reader to another reading it):")
+		for _, f := range AllFaults {
+			if ds := r.Takeover[f]; len(ds) > 0 {
+				fmt.Fprintf(w, "  %-26s %s\n", f, summarize(ds))
+			}
+		}
+	}
 }
 
 // summarize gives the largest and the median of ds.
 func summarize(ds []time.Duration) string {
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return fmt.Sprintf("max %v, median %v (%d)", s[len(s)-1].Round(100*time.Millisecond), s[len(s)/2].Round(100*time.Millisecond), len(s))
+	return fmt.Sprintf("max %v, median %v (%d)", s[len(s)-1].Round(10*time.Millisecond), s[len(s)/2].Round(10*time.Millisecond), len(s))
 }
 
 // Run starts private servers, relays, producers and the checker, applies
@@ -408,6 +433,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	slots := make([]*relaySlot, o.Relays)
 	for i := range slots {
 		slots[i] = newRelaySlot(i, bin, o.Dir, relayEnv, log)
+		if o.Mode == "log" {
+			// Each relay reaches PostgreSQL through a proxy of its own,
+			// so the network of the slot's reader alone can be cut.
+			if err := slots[i].proxyDatabase(db.relayURL); err != nil {
+				return nil, err
+			}
+			defer slots[i].db.Cut()
+		}
 		relaysDone.Add(1)
 		go func() { defer relaysDone.Done(); slots[i].supervise(rctx) }()
 	}
@@ -444,7 +477,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer func() { stopProducers(); <-progressDone }()
 
 	f := &faulter{prod: prod, db: db, srv: srv, slots: slots, outage: o.Outage, stall: o.Stall, proxy: proxy,
-		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{}}
+		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{},
+		takeover: map[string][]time.Duration{}}
+	if o.Mode == "log" {
+		sl, err := walrelay.Slot{}.WithDefaults(db.cfg)
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		f.slot = sl.Name
+	}
 	err = f.apply(ctx, o.Faults, o.FaultGap)
 	faultsOver.Store(true)
 	if err != nil {
@@ -484,7 +525,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	stopConsumer()
 	consumerDone.Wait()
 
-	rep := &Report{Broker: o.Broker, Mode: o.Mode, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog, Recovery: f.recovery}
+	rep := &Report{Broker: o.Broker, Mode: o.Mode, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog,
+		Recovery: f.recovery, Takeover: f.takeover}
 	for _, s := range slots {
 		rep.RelayExits += s.exitCount()
 		rep.FailedCycles += s.lines.failureCount()
@@ -569,6 +611,11 @@ type faulter struct {
 	log           *slog.Logger
 	done          map[string]int
 	recovery      map[string][]time.Duration
+	// In log mode: the slot's name, the takeovers being timed, and those
+	// timed.
+	slot     string
+	pending  []pendingTakeover
+	takeover map[string][]time.Duration
 }
 
 // recoveryLimit bounds the wait for the lag to come back under LagSLO.
@@ -592,6 +639,7 @@ func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration)
 		}
 		f.log.Info("recovered", "kind", kind, "after", d.Round(100*time.Millisecond))
 		f.recovery[kind] = append(f.recovery[kind], d)
+		f.takeovers()
 	}
 	return nil
 }
@@ -631,26 +679,51 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 	switch kind {
 	case KillRelay:
 		f.burst(ctx)
-		if s := f.runningSlot(); s != nil {
+		if s, pid := f.target(ctx); s != nil {
 			f.stopMidClaim(ctx, s)
-			s.signal(syscall.SIGKILL)
+			if s.signal(syscall.SIGKILL) && pid != 0 {
+				f.watchTakeover(ctx, kind, time.Now(), pid)
+			}
 		}
 	case KillAll:
+		var pid int32
+		if f.slot != "" {
+			_, pid, _ = f.slotHolder(ctx)
+		}
 		for _, s := range f.slots {
 			s.signal(syscall.SIGKILL)
 		}
+		if pid != 0 {
+			f.watchTakeover(ctx, kind, time.Now(), pid)
+		}
 	case PauseRelay:
 		f.burst(ctx)
-		s := f.runningSlot()
+		s, pid := f.target(ctx)
 		if s == nil || !f.stopMidClaim(ctx, s) {
 			return nil
 		}
+		stopped := time.Now()
+		if pid != 0 {
+			f.watchTakeover(ctx, kind, stopped, pid)
+		}
 		// Past the claim window, PostgreSQL ends the paused relay's
-		// transaction and the others take its events over.
-		sleep(ctx, claimWindow+3*time.Second)
+		// transaction and the others take its events over; in log mode
+		// a standby takes the slot over.
+		sleep(ctx, time.Until(stopped.Add(claimWindow+3*time.Second)))
 		s.signal(syscall.SIGCONT)
 	case FreezeMQ:
 		return f.srv.FreezeRabbitMQ(ctx, f.stall)
+	case CutRelayDB:
+		s, pid := f.target(ctx)
+		if s == nil || s.db == nil {
+			return nil
+		}
+		s.db.SetMode(brokertest.BlackHole)
+		if pid != 0 {
+			f.watchTakeover(ctx, kind, time.Now(), pid)
+		}
+		sleep(ctx, f.stall)
+		s.db.Heal()
 	case BlackHole, HalfOpen:
 		mode := brokertest.BlackHole
 		if kind == HalfOpen {
@@ -698,7 +771,7 @@ func (f *faulter) stopMidClaim(ctx context.Context, s *relaySlot) bool {
 			return false
 		}
 		var open int
-		ports, err := s.localPorts()
+		ports, err := s.clientPorts()
 		if err == nil {
 			err = f.db.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND state <> 'idle'`, relayRole, ports).Scan(&open)
@@ -712,6 +785,18 @@ WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND stat
 		sleep(ctx, time.Duration(20+rand.N(100))*time.Millisecond)
 	}
 	return s.signal(syscall.SIGSTOP)
+}
+
+// target picks the relay a relay fault hits: in log mode the one reading
+// the slot, with its walsender's pid, so the fault tests a takeover; else,
+// or when none reads it, a running one at random and pid 0.
+func (f *faulter) target(ctx context.Context) (*relaySlot, int32) {
+	if f.slot != "" {
+		if s, pid, err := f.slotHolder(ctx); err == nil && s != nil && s.running() {
+			return s, pid
+		}
+	}
+	return f.runningSlot(), 0
 }
 
 // runningSlot picks a relay whose process is up, at random.
