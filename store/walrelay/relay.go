@@ -185,6 +185,10 @@ type Relay struct {
 	holding  atomic.Bool
 	inFlight atomic.Int64
 	progress atomic.Int64 // unix nanos of the last status sent or standby attempt
+	// advanced is when the confirmed position last moved, or the stream
+	// was last seen with nothing in flight: what a stall is counted from.
+	advanced atomic.Int64
+	failure  atomic.Pointer[string] // the last session's error; nil once streaming or standing by
 }
 
 // New returns a relay reading the slot over pool's server and publishing
@@ -223,6 +227,26 @@ func (r *Relay) LastProgress() time.Time {
 	return time.Unix(0, n)
 }
 
+// Ready reports, for a readiness probe, whether the log relay does its
+// work: "log" fails while its replication session fails (a standby that
+// finds the slot held is ready), and "log_progress" when, reading the slot
+// with events in flight, it has confirmed nothing for staleAfter (a
+// broker that takes nothing, a stuck mark).
+func (r *Relay) Ready(staleAfter time.Duration) []core.Check {
+	var sessionErr error
+	if msg := r.failure.Load(); msg != nil {
+		sessionErr = fmt.Errorf("replication session failing: %s", *msg)
+	}
+	checks := []core.Check{{Name: "log", Err: sessionErr}}
+	var stalled error
+	if r.Holding() {
+		if n, age := r.InFlight(), time.Since(time.Unix(0, r.advanced.Load())); n > 0 && staleAfter > 0 && age > staleAfter {
+			stalled = fmt.Errorf("no event confirmed for %s with %d in flight (limit %s)", age.Round(time.Second), n, staleAfter)
+		}
+	}
+	return append(checks, core.Check{Name: "log_progress", Err: stalled})
+}
+
 // Run relays until ctx is cancelled, then lets the in-flight events
 // finish (bounded by ShutdownTimeout), confirms and returns nil. It
 // returns an error only for what retrying cannot fix: the server's
@@ -243,6 +267,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		if streamed {
 			failures, standing = 0, false
+		}
+		if err == nil || errors.Is(err, ErrSlotBusy) {
+			r.failure.Store(nil)
+		} else {
+			msg := err.Error()
+			r.failure.Store(&msg)
 		}
 		wait := r.opts.StandbyInterval
 		switch {
@@ -329,6 +359,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
 	}
 	cancel()
+	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_over_aggregates", len(s.diverted))
@@ -406,6 +437,7 @@ type stream struct {
 	txn        *txn
 	commitTime time.Time
 	received   pglogrepl.LSN
+	confirmed  pglogrepl.LSN // the position last sent as flushed
 
 	lanes  []chan *item
 	marks  chan *item
@@ -530,6 +562,10 @@ func (s *stream) drain() error {
 
 func (s *stream) sendStatus(reply bool) error {
 	pos, _ := s.tracker.position()
+	if pos > s.confirmed || s.events.Load() == 0 {
+		s.confirmed = pos
+		s.r.advanced.Store(time.Now().UnixNano())
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: max(s.received, pos), WALFlushPosition: pos, WALApplyPosition: pos, ReplyRequested: reply,
 	})

@@ -16,12 +16,14 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -93,6 +95,8 @@ type app struct {
 	mask   *masker      // of the command line's output, which the log and out go through
 	slots  *slotMetrics // the slot's gauges, when relay.mode log serves /metrics
 	stops  []func(context.Context)
+	// logReady is the log relay's readiness checks once relay.mode log runs.
+	logReady atomic.Pointer[func() []core.Check]
 }
 
 // onStop runs fn when the command's work has stopped (see stopped), such

@@ -55,6 +55,9 @@ func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher,
 			return []core.Check{{Name: "progress", Err: errors.New("relay not started")}}
 		}
 		checks := r.Ready(ctx)
+		if log := e.logReady.Load(); log != nil {
+			checks = append(checks, (*log)()...)
+		}
 		// /readyz shows the failures, which may quote a connection setting.
 		for i := range checks {
 			checks[i].Err = e.mask.error(checks[i].Err)

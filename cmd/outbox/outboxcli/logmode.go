@@ -53,6 +53,14 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 	if e.slots != nil {
 		go e.slots.run(ctx, pool, logRelay.Options(), logRelay, e)
 	}
+	// The log path counts as stalled after as long as the table path may
+	// go without a cycle.
+	eff, err := ro.WithDefaults()
+	if err != nil {
+		return usageError(err)
+	}
+	ready := func() []core.Check { return logRelay.Ready(eff.StaleAfter) }
+	e.logReady.Store(&ready)
 	lo = logRelay.Options()
 	e.log.Info("relay starting", "mode", "log", "database", Redact(e.cfg.DatabaseURL), "table", hc.Schema+"."+st.Config().Table,
 		"slot", lo.Slot.Name, "publication", lo.Slot.Publication, "broker", e.cfg.Broker, "lanes", lo.Lanes,

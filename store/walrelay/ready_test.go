@@ -1,0 +1,90 @@
+package walrelay_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/brokers/brokertest"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store/pgtest"
+)
+
+func checkErr(checks []core.Check, name string) error {
+	for _, c := range checks {
+		if c.Name == name {
+			return c.Err
+		}
+	}
+	return errors.New("no check named " + name)
+}
+
+// Readiness follows the log path: a reader and a standby are ready; a
+// reader whose broker takes nothing is not once staleAfter has passed, and
+// is again when it heals; a relay whose replication session fails is not
+// until it streams again.
+func TestReady(t *testing.T) {
+	const stale = 500 * time.Millisecond
+	e := newEnv(t)
+	e.createSlot()
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := brokertest.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	pc, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cut.Close)
+
+	down := &recorder{}
+	a := startRelay(t, cut, down, e.opts())
+	waitFor(t, 10*time.Second, "relay A to hold the slot", a.r.Holding)
+	b := e.start(&recorder{}, e.opts())
+	time.Sleep(300 * time.Millisecond)
+	for name, r := range map[string]*running{"reader": a, "standby": b} {
+		for _, c := range r.r.Ready(stale) {
+			if c.Err != nil {
+				t.Errorf("%s: check %s: %v, want ready", name, c.Name, c.Err)
+			}
+		}
+	}
+
+	down.mu.Lock()
+	down.fail = func(*core.Event) error { return errors.New("broker unreachable") }
+	down.mu.Unlock()
+	e.write(false, uuid.NewString(), 0, 3)
+	waitFor(t, 10*time.Second, "the reader's progress check to fail", func() bool {
+		return checkErr(a.r.Ready(stale), "log_progress") != nil
+	})
+	t.Logf("broker down: %v", checkErr(a.r.Ready(stale), "log_progress"))
+	down.mu.Lock()
+	down.fail = nil
+	down.mu.Unlock()
+	waitFor(t, 10*time.Second, "the reader's progress check to pass again", func() bool {
+		return checkErr(a.r.Ready(stale), "log_progress") == nil
+	})
+
+	// A's connection to PostgreSQL is cut: B takes the slot over and is
+	// ready; A's sessions fail, and it says so.
+	proxy.Cut()
+	waitFor(t, 20*time.Second, "relay B to take the slot", b.r.Holding)
+	waitFor(t, 20*time.Second, "relay A's session check to fail", func() bool {
+		return checkErr(a.r.Ready(stale), "log") != nil
+	})
+	t.Logf("cut: %v", checkErr(a.r.Ready(stale), "log"))
+	if err := checkErr(b.r.Ready(stale), "log"); err != nil {
+		t.Errorf("B reading the slot: %v", err)
+	}
+}
