@@ -564,3 +564,68 @@ func lsnAfter(t *testing.T, a, b string) bool {
 	}
 	return x > y
 }
+
+// An event that keeps failing transiently while others are published is
+// moved to the table after HandOffAfter attempts, not held: the slot moves
+// past it, its aggregate's later events follow it there, other aggregates
+// go on, and once the broker takes it the table path publishes it and
+// those behind it, in order.
+func TestFailingEventMovesToTheTable(t *testing.T) {
+	for _, flavour := range []struct {
+		name  string
+		table bool
+	}{{"rows", true}, {"messages", false}} {
+		t.Run(flavour.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.createSlot()
+			a, b := uuid.NewString(), uuid.NewString()
+			failing := atomic.Bool{}
+			failing.Store(true)
+			pub := &recorder{fail: func(ev *core.Event) error {
+				if ev.AggregateID == a && n(*ev) == 2 && failing.Load() {
+					return errors.New("flaky downstream")
+				}
+				return nil
+			}}
+			o := e.opts()
+			o.HandOffAfter = 3
+			e.startTablePath(pub, &o)
+			e.start(pub, o)
+			e.write(flavour.table, a, 0, 6)
+			e.write(flavour.table, b, 0, 2)
+			waitFor(t, 20*time.Second, "A's first two events", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[a]) == 2
+			})
+			// The broker takes B's events while A's third fails.
+			e.write(flavour.table, b, 2, 4)
+			waitFor(t, 20*time.Second, "A's failing event in the table, to be retried", func() bool {
+				return e.count("handoff_at IS NOT NULL AND retry_at < 'infinity' AND attempts >= 3 AND last_error LIKE '%flaky downstream%'") == 1
+			})
+			if c := e.count("retry_at = 'infinity'"); c != 0 {
+				t.Errorf("%d rows held: a transient failure must not hold its event", c)
+			}
+			// The slot moves on: B's later events come through the log and
+			// the position passes them.
+			var mark string
+			if err := e.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&mark); err != nil {
+				t.Fatal(err)
+			}
+			e.write(flavour.table, b, 6, 2)
+			waitFor(t, 20*time.Second, "B's events and the slot's position past them", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[b]) == 8 && lsnAfter(t, e.status().ConfirmedFlush, mark)
+			})
+			if o, _ := firstOrder(pub.events()); len(o[a]) != 2 {
+				t.Fatalf("A published %d events while its third failed, want 2", len(o[a]))
+			}
+			failing.Store(false)
+			waitFor(t, 30*time.Second, "A's events through the table once the broker takes them", func() bool {
+				o, _ := firstOrder(pub.events())
+				return len(o[a]) == 6
+			})
+			order, _ := firstOrder(pub.events())
+			checkIncreasing(t, order)
+		})
+	}
+}

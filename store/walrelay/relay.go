@@ -45,6 +45,13 @@ type Options struct {
 	// transiently: it is retried in place, holding its aggregate (and the
 	// slot's position) back; default 500ms doubling to 1m.
 	RetryBackoff core.Backoff
+	// HandOffAfter is how many transient failures of one event, while
+	// other events were published meanwhile or the broker answers its
+	// ping (core.Pinger), move it to the table: its
+	// retries go on there (its aggregate's later events following it) and
+	// the slot's position moves past it. A broker that takes nothing is an
+	// outage, which pauses reading instead. Default 8; -1 never.
+	HandOffAfter int
 	// ErrorBackoff paces reconnects and database retries; default 100ms
 	// doubling to 10s.
 	ErrorBackoff core.Backoff
@@ -101,6 +108,7 @@ func (o Options) WithDefaults() (Options, error) {
 		{"MaxInFlight", "not negative", o.MaxInFlight < 0},
 		{"MaxInFlightBytes", "not negative", o.MaxInFlightBytes < 0},
 		{"MarkBatch", "0 (the default) to 10000", o.MarkBatch < 0 || o.MarkBatch > 10000},
+		{"HandOffAfter", "-1 (never), 0 (the default) or more", o.HandOffAfter < -1},
 		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
 		{"StandbyInterval", "not negative", o.StandbyInterval < 0},
 		{"StatusInterval", "not negative", o.StatusInterval < 0},
@@ -128,6 +136,7 @@ func (o Options) WithDefaults() (Options, error) {
 	def(&o.MaxInFlight, 10000)
 	def(&o.MaxInFlightBytes, 64<<20)
 	def(&o.MarkBatch, 500)
+	def(&o.HandOffAfter, 8)
 	defDur(&o.PublishTimeout, 30*time.Second)
 	defDur(&o.StandbyInterval, time.Second)
 	defDur(&o.StatusInterval, time.Second)
@@ -444,6 +453,8 @@ type stream struct {
 	freed  chan struct{} // a token whenever an event is done
 	bytes  atomic.Int64  // payload bytes in flight
 	events atomic.Int64
+	// published is when a publish last succeeded (unix nanos).
+	published atomic.Int64
 
 	mu       sync.Mutex
 	diverted map[string]bool // aggregates whose events go to the table
@@ -456,6 +467,9 @@ type item struct {
 	row  bool  // from a row of the table (ev.Seq is its seq), not a message
 	size int64 // payload and header bytes
 	bad  error // cannot be relayed: held in the table
+	// retryAt, once set, is when the table path retries an event handed
+	// over after transient failures; it is not held.
+	retryAt time.Time
 	wait bool  // inserted to wait (retry_at set): the table path's
 	// deliverAt, when in the future, is when a scheduled event is due;
 	// until then it is the table path's too.
@@ -709,6 +723,7 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 		// aggregate's later events follow it there.
 		return s.hold(ctx, it, nil, false)
 	}
+	var firstFailure int64
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, o.PublishTimeout)
@@ -719,7 +734,11 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 		}
 		s.r.obs.Published(&it.ev, time.Since(start), err)
 		if err == nil {
+			s.published.Store(time.Now().UnixNano())
 			break
+		}
+		if firstFailure == 0 {
+			firstFailure = start.UnixNano()
 		}
 		permanent := core.IsPermanent(err)
 		s.r.log.Warn("publish failed", "event_seq", it.ev.Seq, "event_id", it.ev.ID, "aggregate_id", it.ev.AggregateID,
@@ -728,7 +747,15 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 			return s.hold(ctx, it, err, false)
 		}
 		it.ev.Attempts++
-		if !sleep(ctx, o.RetryBackoff.Delay(attempt)) {
+		delay := o.RetryBackoff.Delay(attempt)
+		// Failing alone while others are published, or while the broker
+		// answers its ping: this event, not the broker. Its retries go on
+		// in the table, so the slot moves on.
+		if o.HandOffAfter > 0 && attempt+1 >= o.HandOffAfter && (s.published.Load() > firstFailure || s.brokerAnswers(ctx)) {
+			it.retryAt = time.Now().Add(delay)
+			return s.hold(ctx, it, err, false)
+		}
+		if !sleep(ctx, delay) {
 			return false
 		}
 	}
@@ -739,12 +766,29 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 	return true
 }
 
+// brokerAnswers says whether the publisher, if it can be pinged, answers.
+func (s *stream) brokerAnswers(ctx context.Context) bool {
+	p, ok := s.r.pub.(core.Pinger)
+	if !ok {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, s.r.opts.PublishTimeout)
+	defer cancel()
+	return p.Ping(pctx) == nil
+}
+
 // hold hands it to the table: held with reason when reason is set (the
 // event cannot be published), else pending (behind its aggregate's held
 // event, or scheduled until its deliver_at). Later events of its
 // aggregate follow it there.
 func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool) bool {
-	if reason != nil {
+	retrying := reason != nil && !it.retryAt.IsZero()
+	switch {
+	case retrying:
+		s.r.log.Warn("event handed to the table after failing while others were published; retried there",
+			"event_seq", it.ev.Seq, "event_id", it.ev.ID, "aggregate_id", it.ev.AggregateID, "type", it.ev.Type,
+			"attempts", it.ev.Attempts, "retry_at", it.retryAt, "error", reason)
+	case reason != nil:
 		if rejected {
 			s.r.obs.Rejected(&it.ev, reason)
 		}
@@ -760,7 +804,7 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 	s.mu.Lock()
 	s.diverted[it.ev.AggregateID] = true
 	s.mu.Unlock()
-	if reason != nil {
+	if reason != nil && !retrying {
 		s.r.obs.Completed(0, 1, 0)
 	}
 	if s.r.opts.HandedOff != nil {

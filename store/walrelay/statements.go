@@ -35,10 +35,12 @@ func newStatements(cfg store.Config) statements {
 		// Held rows get the table relay's marks of a permanent failure;
 		// a pending row keeps its retry_at, or waits for its deliver_at
 		// (a row written without migration 7's trigger).
+		// A row with a reason and a retry time ($3) failed transiently:
+		// it is retried then ($4 attempts), not held.
 		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
-    attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
+    attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE $4::int END,
     last_error = COALESCE($2, last_error),
-    retry_at = CASE WHEN $2::text IS NULL THEN COALESCE(retry_at, deliver_at) ELSE 'infinity' END,
+    retry_at = CASE WHEN $2::text IS NULL THEN COALESCE(retry_at, deliver_at) ELSE COALESCE($3::timestamptz, 'infinity') END,
     failed_at = CASE WHEN $2::text IS NULL THEN failed_at ELSE now() END
 WHERE seq = $1 AND dispatched_at IS NULL`,
 		// ON CONFLICT: a relay that crashed after the insert and before
@@ -47,7 +49,8 @@ WHERE seq = $1 AND dispatched_at IS NULL`,
 		insertMsg: `INSERT INTO ` + t + ` (event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, deliver_at,
     headers, created_at, handoff_at, attempts, last_error, retry_at, failed_at)
 VALUES ($1, $2, $3, $4::text::json, $5, $6, $7, $8, $9::text::jsonb, $10, now(),
-    CASE WHEN $11::text IS NULL THEN 0 ELSE 1 END, $11, CASE WHEN $11::text IS NULL THEN $8 ELSE 'infinity'::timestamptz END,
+    CASE WHEN $11::text IS NULL THEN 0 ELSE $13::int END, $11,
+    CASE WHEN $11::text IS NULL THEN $8 ELSE COALESCE($12::timestamptz, 'infinity') END,
     CASE WHEN $11::text IS NULL THEN NULL ELSE now() END)
 ON CONFLICT (event_id) DO NOTHING`,
 		// Under its own aggregate when the message names a valid one, so
@@ -126,14 +129,19 @@ func without(all, some []int64) []int64 {
 // or pending when reason is nil.
 func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, reason error) error {
 	var why *string
+	var retryAt *time.Time
+	attempts := 1
 	if reason != nil {
 		s := truncate(reason.Error(), 2000)
 		why = &s
+		if !it.retryAt.IsZero() {
+			retryAt, attempts = &it.retryAt, it.ev.Attempts
+		}
 	}
 	if it.row {
 		// As in mark: the row may not be visible yet.
 		for attempt := 0; ; attempt++ {
-			tag, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why)
+			tag, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts)
 			if err != nil {
 				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 			}
@@ -172,7 +180,7 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 			deliverAt = &it.deliverAt
 		}
 		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
-			nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why)
+			nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why, retryAt, attempts)
 		var pgErr *pgconn.PgError
 		// Data the table's columns or checks refuse, which DecodeMessage
 		// let through: held as unreadable instead, so the stream never

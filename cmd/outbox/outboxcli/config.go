@@ -76,6 +76,7 @@ type LogRelayConfig struct {
 	ReceiveTimeout   time.Duration `koanf:"receive_timeout"`
 	WALSenderTimeout time.Duration `koanf:"wal_sender_timeout"`
 	StandbyInterval  time.Duration `koanf:"standby_interval"`
+	HandOffAfter     int           `koanf:"handoff_after"`
 }
 
 // DatabaseConfig tunes the relay's connection pool.
@@ -172,7 +173,7 @@ func Defaults() Config {
 			Log: LogRelayConfig{
 				CreateSlot: true, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
 				ReceiveTimeout: logRelay.ReceiveTimeout, WALSenderTimeout: logRelay.WALSenderTimeout,
-				StandbyInterval: logRelay.StandbyInterval,
+				StandbyInterval: logRelay.StandbyInterval, HandOffAfter: logRelay.HandOffAfter,
 			},
 		},
 		Database: DatabaseConfig{MaxConns: 8, IdleInTransactionTimeout: 2 * time.Minute},
@@ -370,7 +371,7 @@ func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) walrelay.O
 		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
 		RetryBackoff:   core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
 		StatusInterval: r.Log.StatusInterval, ReceiveTimeout: r.Log.ReceiveTimeout,
-		WALSenderTimeout: wst, StandbyInterval: r.Log.StandbyInterval,
+		WALSenderTimeout: wst, StandbyInterval: r.Log.StandbyInterval, HandOffAfter: r.Log.HandOffAfter,
 		Logger: log, Observer: obs,
 	}
 }

@@ -63,6 +63,7 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, false},
 		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, false},
 		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, false},
+		{"relay.log.handoff_after", lr.HandOffAfter, d.Relay.Log.HandOffAfter, false},
 	}
 	readme := readmeDefaults(t)
 	example := exampleValues(t)
