@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -235,21 +234,7 @@ func TestCommitOrderWithoutProducerLocks(t *testing.T) {
 func TestFailoverOnNetworkCut(t *testing.T) {
 	e := newEnv(t)
 	e.createSlot()
-	u, err := url.Parse(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := brokertest.NewProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	pc, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cut.Close)
+	cut, proxy := proxiedPool(t)
 
 	pub := &recorder{}
 	a := startRelay(t, cut, pub, e.opts())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/url"
 	"os"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
@@ -256,4 +258,26 @@ func n(e core.Event) int {
 	var b body
 	_ = json.Unmarshal(e.Payload, &b)
 	return b.N
+}
+
+// proxiedPool is a pool to the test server through a proxy of its own,
+// whose connections the test can cut or black-hole.
+func proxiedPool(t *testing.T) (*pgxpool.Pool, *brokertest.Proxy) {
+	t.Helper()
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := brokertest.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	pc, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, proxy
 }

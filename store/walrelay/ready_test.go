@@ -1,18 +1,13 @@
 package walrelay_test
 
 import (
-	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func checkErr(checks []core.Check, name string) error {
@@ -32,21 +27,7 @@ func TestReady(t *testing.T) {
 	const stale = 500 * time.Millisecond
 	e := newEnv(t)
 	e.createSlot()
-	u, err := url.Parse(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := brokertest.NewProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	pc, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cut.Close)
+	cut, proxy := proxiedPool(t)
 
 	down := &recorder{}
 	a := startRelay(t, cut, down, e.opts())

@@ -470,7 +470,7 @@ type item struct {
 	// retryAt, once set, is when the table path retries an event handed
 	// over after transient failures; it is not held.
 	retryAt time.Time
-	wait bool  // inserted to wait (retry_at set): the table path's
+	wait    bool // inserted to wait (retry_at set): the table path's
 	// deliverAt, when in the future, is when a scheduled event is due;
 	// until then it is the table path's too.
 	deliverAt time.Time
