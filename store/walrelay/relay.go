@@ -467,14 +467,14 @@ type item struct {
 	row  bool  // from a row of the table (ev.Seq is its seq), not a message
 	size int64 // payload and header bytes
 	bad  error // cannot be relayed: held in the table
-	// retryAt, once set, is when the table path retries an event handed
-	// over after transient failures; it is not held.
-	retryAt time.Time
-	wait    bool // inserted to wait (retry_at set): the table path's
+	wait bool  // inserted to wait (retry_at set): the table path's
 	// deliverAt, when in the future, is when a scheduled event is due;
 	// until then it is the table path's too.
 	deliverAt time.Time
-	raw       []byte
+	// retryAt, once set, is when the table path retries an event handed
+	// over after transient failures; it is not held.
+	retryAt time.Time
+	raw     []byte
 }
 
 func (s *stream) run(ctx context.Context) error {
