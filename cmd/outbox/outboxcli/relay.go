@@ -3,6 +3,7 @@ package outboxcli
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/spf13/cobra"
 
@@ -59,10 +60,11 @@ func (e *app) runRelay(ctx context.Context) error {
 		}
 	}
 
-	var relay *core.Relay
+	// The hooks' servers may read the relay before it is made.
+	var current atomic.Pointer[core.Relay]
 	var observers core.Observers
 	for _, hook := range relayHooks {
-		obs, err := hook(ctx, e, st, pub, func() *core.Relay { return relay })
+		obs, err := hook(ctx, e, st, pub, current.Load)
 		if err != nil {
 			return err
 		}
@@ -71,12 +73,13 @@ func (e *app) runRelay(ctx context.Context) error {
 		}
 	}
 	if e.cfg.Relay.Mode == "log" {
-		return e.runLogRelay(ctx, st, pub, observers, func(r *core.Relay) { relay = r })
+		return e.runLogRelay(ctx, st, pub, observers, current.Store)
 	}
-	relay, err = core.New(st, pub, e.cfg.RelayOptions(e.log, observers))
+	relay, err := core.New(st, pub, e.cfg.RelayOptions(e.log, observers))
 	if err != nil {
 		return err
 	}
+	current.Store(relay)
 	sc := st.Config()
 	e.log.Info("relay starting", "database", Redact(e.cfg.DatabaseURL), "table", sc.Schema+"."+sc.Table,
 		"broker", e.cfg.Broker, "ordered", !e.cfg.Relay.Unordered, "wakeups", e.cfg.Relay.Wakeups,
