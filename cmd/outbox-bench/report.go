@@ -303,7 +303,7 @@ func (r *report) tables() []table {
 	bulk("Producers: events per transaction, one producer, against plain INSERTs of the same rows", r.Bulk)
 	bulk("Producer cost of migration 7: the writer's transaction on the same table before and after", r.Migration7)
 	if len(r.Claims) > 0 {
-		t := table{Title: fmt.Sprintf("Claim cost of migration 7: ordered claims of %d on one backlog (migration applied in place in %s)", r.Config.BatchSize, fmtDur(r.Migration7Took)),
+		t := table{Title: fmt.Sprintf("Claim cost of migration 7: ordered claims of %d on one backlog (migration applied in place in %s)", effective(core.Options{BatchSize: r.Config.BatchSize}).BatchSize, fmtDur(r.Migration7Took)),
 			Head: []string{"table", "backlog", "claim p50", "claim p90"}}
 		for _, x := range r.Claims {
 			t.Rows = append(t.Rows, []string{x.Name, count(x.Backlog), fmtDur(x.P50), fmtDur(x.P90)})
