@@ -110,9 +110,28 @@ rabbit_env() {
     ERL_EPMD_PORT="$RABBITMQ_EPMD_PORT" "$@"
 }
 
+# The ports are picked free but can be taken before the node binds them
+# (tests running beside it open ports of their own), so a node that dies
+# before it is ready is started again on other ports.
 start_rabbitmq() {
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
   RABBITMQ_CTL=/usr/lib/rabbitmq/bin/rabbitmqctl
+  local attempt
+  for attempt in 1 2 3; do
+    try_rabbitmq && return
+    log "RabbitMQ did not start (attempt $attempt of 3)"
+    if [ -n "${RABBITMQ_EPMD_PORT:-}" ]; then
+      rabbit_env "$RABBITMQ_CTL" shutdown >/dev/null 2>&1 || kill "${rabbit_pid:-}" 2>/dev/null || true
+      wait "${rabbit_pid:-}" 2>/dev/null || true
+      rabbit_env epmd -kill >/dev/null 2>&1 || true
+    fi
+    rabbit_started=""
+    rm -rf "$tmp/rabbit"
+  done
+  cat "$tmp/rabbit.log" >&2; exit 1
+}
+
+try_rabbitmq() {
   local port dist epmd
   port=$(free_port); dist=$(free_port); epmd=$(free_port)
   export RABBITMQ_NODENAME="outbox-test-$port@localhost" RABBITMQ_EPMD_PORT="$epmd"
@@ -127,10 +146,10 @@ start_rabbitmq() {
   rabbit_started=1
   for _ in $(seq 1 120); do
     listening "$port" && break
-    kill -0 "$rabbit_pid" 2>/dev/null || { cat "$tmp/rabbit.log" >&2; exit 1; }
+    kill -0 "$rabbit_pid" 2>/dev/null || return 1
     sleep 0.5
   done
-  rabbit_env "$RABBITMQ_CTL" await_startup >/dev/null || { cat "$tmp/rabbit.log" >&2; exit 1; }
+  rabbit_env "$RABBITMQ_CTL" await_startup >/dev/null || return 1
   export OUTBOX_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$port/"
   # For tests that stop and start the broker (the reliability suite).
   export OUTBOX_TEST_RABBITMQ_NODE="$RABBITMQ_NODENAME" OUTBOX_TEST_RABBITMQ_HOME="$tmp/rabbit" \
