@@ -49,10 +49,18 @@ trap 'exit 130' INT TERM
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Ports are picked below the kernel's ephemeral range, so no outgoing
+# connection or port-0 listener of a test can take one between the pick and
+# the server binding it; another picker still can, so every server started
+# here is started again on other ports when its bind fails.
+read -r ephemeral_lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_lo=32768
+port_lo=10000 port_span=$((ephemeral_lo - 10000))
+[ "$port_span" -ge 1000 ] || { port_lo=20000 port_span=30000; }
+
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 30000))
+    p=$((port_lo + (RANDOM * 32768 + RANDOM) % port_span))
     listening "$p" || { echo "$p"; return; }
   done
   log "no free port found"; return 1
@@ -81,7 +89,6 @@ start_postgres() {
     apt_install postgresql
     pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
   fi
-  local port; port=$(free_port)
   mkdir -p "$tmp/pg" "$tmp/pgsock"
   [ "$(id -u)" = 0 ] && chown postgres "$tmp/pg" "$tmp/pgsock"
   as_pg "$pgbin/initdb" -D "$tmp/pg" -U postgres -A trust --no-sync -E UTF8 >"$tmp/initdb.log" 2>&1 ||
@@ -93,9 +100,18 @@ start_postgres() {
   # which run in parallel, each with a slot of its own.
   local durability="-c fsync=off -c full_page_writes=off"
   [ "$durable" = 1 ] && durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
-  as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -l "$tmp/pgsock/pg.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock $durability -c max_connections=300 -c wal_level=logical -c max_replication_slots=40 -c max_wal_senders=40" \
-    start >/dev/null || { cat "$tmp/pgsock/pg.log" >&2; exit 1; }
+  local port attempt
+  for attempt in 1 2 3 4 5; do
+    port=$(free_port)
+    as_pg "$pgbin/pg_ctl" -D "$tmp/pg" -l "$tmp/pgsock/pg.log" -w -t 60 \
+      -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp/pgsock $durability -c max_connections=300 -c wal_level=logical -c max_replication_slots=40 -c max_wal_senders=40" \
+      start >/dev/null && break
+    if [ "$attempt" = 5 ] || ! grep -q 'could not bind\|Address already in use' "$tmp/pgsock/pg.log"; then
+      cat "$tmp/pgsock/pg.log" >&2; exit 1
+    fi
+    log "PostgreSQL could not bind port $port (attempt $attempt): starting it on another"
+    : >"$tmp/pgsock/pg.log"
+  done
   pg_started=1
   "$pgbin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE outbox_test" >/dev/null
   export OUTBOX_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/outbox_test?sslmode=disable"
@@ -106,7 +122,10 @@ start_postgres() {
 }
 
 rabbit_env() {
+  # A node that fails writes erl_crash.dump into the working directory
+  # unless told where: into the throwaway folder.
   env HOME="$tmp/rabbit" RABBITMQ_NODENAME="$RABBITMQ_NODENAME" ERL_EPMD_ADDRESS=127.0.0.1 \
+    ERL_CRASH_DUMP="$tmp/erl_crash.dump" \
     ERL_EPMD_PORT="$RABBITMQ_EPMD_PORT" "$@"
 }
 

@@ -393,13 +393,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		consumerDone.Add(1)
 		go func() { defer consumerDone.Done(); chk.consumeAMQP(cctx, srv.AMQPURL, topic) }()
 	case "kafka":
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
 		// kfake advertises the proxy's address, so every connection to
 		// it, the relays' and the checker's, goes through the proxy.
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(8, topic),
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(8, topic),
 			kfake.ListenFn(func(network, addr string) (net.Listener, error) {
 				ln, err := net.Listen(network, addr)
 				if err != nil {
@@ -588,15 +584,6 @@ func prepareQueue(url string) error {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	return declareQueue(ch, topic)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // faulter applies faults, counts them and times the recovery from each.

@@ -167,11 +167,23 @@ func (s *Servers) StartPostgres() error {
 		args = strings.TrimSpace(rest)
 	}
 	logFile := filepath.Join(filepath.Dir(s.pgData), "pgsock", "pg.log")
-	out, err := asPostgres(filepath.Join(s.pgBin, "pg_ctl"), "-D", s.pgData, "start", "-w", "-t", "120", "-l", logFile, "-o", args).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("start postgres: %w: %s", err, out)
+	// The port is the one the relays' URLs name, so it cannot change. It
+	// lies below the ephemeral range (scripts/services.sh), where only
+	// another test's explicit pick can take it while the server is down;
+	// such a listener is short-lived, so a failed bind is retried.
+	for attempt := 1; attempt <= 10; attempt++ {
+		var out []byte
+		out, err = asPostgres(filepath.Join(s.pgBin, "pg_ctl"), "-D", s.pgData, "start", "-w", "-t", "120", "-l", logFile, "-o", args).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		err = fmt.Errorf("start postgres: %w: %s", err, out)
+		if !strings.Contains(tail(logFile, 4000), "could not bind") {
+			return err
+		}
+		time.Sleep(time.Second)
 	}
-	return nil
+	return err
 }
 
 func (s *Servers) rabbitctl(args ...string) error {
@@ -182,7 +194,8 @@ func (s *Servers) rabbitctl(args ...string) error {
 func (s *Servers) rabbitctlOutput(args ...string) (string, error) {
 	cmd := exec.Command("/usr/lib/rabbitmq/bin/rabbitmqctl", args...)
 	cmd.Env = append(os.Environ(), "HOME="+s.rabbitHome, "RABBITMQ_NODENAME="+s.rabbitNode,
-		"ERL_EPMD_ADDRESS=127.0.0.1", "ERL_EPMD_PORT="+s.epmd)
+		"ERL_EPMD_ADDRESS=127.0.0.1", "ERL_EPMD_PORT="+s.epmd,
+		"ERL_CRASH_DUMP="+filepath.Join(s.rabbitHome, "rabbitmqctl_crash.dump"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, out)

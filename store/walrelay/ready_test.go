@@ -69,3 +69,22 @@ func TestReady(t *testing.T) {
 		t.Errorf("B reading the slot: %v", err)
 	}
 }
+
+// Readiness describes the present: a relay that creates its own slot
+// (after a session failed for the want of it) is ready once it streams,
+// though its session never returns to clear the failure.
+func TestReadyAfterCreatingItsSlot(t *testing.T) {
+	e := newEnv(t)
+	o := e.opts()
+	o.CreateSlot = true
+	rec := &recorder{}
+	a := e.start(rec, o)
+	waitFor(t, 20*time.Second, "the relay to create its slot and read it", a.r.Holding)
+	e.write(false, uuid.NewString(), 0, 1)
+	waitFor(t, 20*time.Second, "the event to be published", func() bool { return len(rec.events()) > 0 })
+	for _, c := range a.r.Ready(time.Minute) {
+		if c.Err != nil {
+			t.Errorf("check %s: %v, want ready while reading the slot it created", c.Name, c.Err)
+		}
+	}
+}

@@ -197,7 +197,7 @@ type Relay struct {
 	// advanced is when the confirmed position last moved, or the stream
 	// was last seen with nothing in flight: what a stall is counted from.
 	advanced atomic.Int64
-	failure  atomic.Pointer[string] // the last session's error; nil once streaming or standing by
+	failure  atomic.Pointer[string] // the last session's error; nil while streaming or standing by
 }
 
 // New returns a relay reading the slot over pool's server and publishing
@@ -368,6 +368,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
 	}
 	cancel()
+	// Readiness tells the present: this session streams, so the failure
+	// of an earlier one (such as the slot it has since created) is over.
+	r.failure.Store(nil)
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)

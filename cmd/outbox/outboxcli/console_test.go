@@ -1,27 +1,68 @@
 package outboxcli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
-func freeAddr(t *testing.T) string {
+// serving runs the CLI with args plus --http-listen 127.0.0.1:0 until ctx
+// is done, and returns the base URL of the address it bound, read from its
+// log line "<what> listening": a port picked in advance could be taken by
+// another test before the command binds it. stderr holds the log so far;
+// done receives the command's error when it exits.
+func serving(t *testing.T, ctx context.Context, what string, args ...string) (base string, stderr *syncBuffer, done <-chan error) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	stderr = &syncBuffer{}
+	exited := make(chan error, 1)
+	go func() {
+		root := NewRoot(io.Discard, stderr)
+		root.SetArgs(append(args, "--http-listen", "127.0.0.1:0"))
+		exited <- root.ExecuteContext(ctx)
+	}()
+	line := regexp.MustCompile(what + ` listening" addr=(127\.0\.0\.1:\d+)`)
+	for {
+		if m := line.FindStringSubmatch(stderr.String()); m != nil {
+			base = "http://" + m[1]
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("exited before serving: %v\n%s", err, stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("not serving: %v\n%s", ctx.Err(), stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	waitHealthy(t, ctx, base, exited)
+	return base, stderr, exited
+}
+
+// syncBuffer is a bytes.Buffer a command writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // get sends a GET with the header set, not following redirects.
@@ -69,20 +110,11 @@ func TestRelayServesConsole(t *testing.T) {
 	_, cfg := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	addr := freeAddr(t)
 	t.Setenv("OUTBOX_CONSOLE_ENABLED", "true")
 	t.Setenv("OUTBOX_CONSOLE_TOKEN", consoleToken)
 	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	var stderr string
-	go func() {
-		var err error
-		_, stderr, err = runCLI(rctx, "relay", "--database-url", pgtest.URL(t), "--schema", cfg.Schema,
-			"--broker", "gochannel", "--http-listen", addr, "--log-level", "debug")
-		done <- err
-	}()
-	base := "http://" + addr
-	waitHealthy(t, ctx, base, done)
+	base, stderrBuf, done := serving(t, rctx, "http", "relay", "--database-url", pgtest.URL(t), "--schema", cfg.Schema,
+		"--broker", "gochannel", "--log-level", "debug")
 
 	if code, _, _ := get(t, base+"/api/v1/overview"); code != http.StatusUnauthorized {
 		t.Errorf("overview without the token: %d, want 401", code)
@@ -124,8 +156,9 @@ func TestRelayServesConsole(t *testing.T) {
 	}
 	stop()
 	if err := <-done; err != nil {
-		t.Fatalf("relay: %v\n%s", err, stderr)
+		t.Fatalf("relay: %v\n%s", err, stderrBuf)
 	}
+	stderr := stderrBuf.String()
 	if strings.Contains(stderr, consoleToken) {
 		t.Errorf("the relay printed the console token:\n%s", stderr)
 	}
@@ -140,17 +173,10 @@ func TestConsoleCommand(t *testing.T) {
 	_, cfg := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	addr := freeAddr(t)
 	t.Setenv("OUTBOX_CONSOLE_USERNAME", "ops")
 	t.Setenv("OUTBOX_CONSOLE_PASSWORD", "console-password-0123")
 	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := runCLI(rctx, "console", "--database-url", pgtest.URL(t), "--schema", cfg.Schema, "--http-listen", addr)
-		done <- err
-	}()
-	base := "http://" + addr
-	waitHealthy(t, ctx, base, done)
+	base, _, done := serving(t, rctx, "console", "console", "--database-url", pgtest.URL(t), "--schema", cfg.Schema)
 	req, _ := http.NewRequest(http.MethodGet, base+"/console/", nil)
 	req.SetBasicAuth("ops", "console-password-0123")
 	resp, err := http.DefaultClient.Do(req)
