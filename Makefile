@@ -4,22 +4,27 @@
 GO ?= go
 SERVICES := scripts/services.sh
 
-# staticcheck runs as `go run` at a fixed version rather than as a `tool`
-# directive in go.mod: a tool directive would add staticcheck and its own
-# dependencies to this library's requirements, which every program importing
-# it would then carry in its module graph. `go run pkg@version` fetches the
-# pinned version through the module proxy (all CI has besides Go), outside
-# this module, and the build cache keeps it after the first run.
-STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# The linters are pinned once, as `tool` directives of a module of their
+# own (scripts/tools/go.mod), so they run from the module cache once
+# fetched and never add to the requirements of programs that import this
+# library.
+STATICCHECK ?= $(GO) tool -modfile=scripts/tools/go.mod staticcheck
 
-.PHONY: help demo test build lint fuzz bench bench-quick chaos
+.PHONY: help demo test test-go-min build lint fuzz bench bench-quick chaos
 
 demo: ## the end-to-end demo (a throwaway PostgreSQL unless DATABASE_URL is set)
 	@if [ -n "$$DATABASE_URL" ]; then $(GO) run ./cmd/outbox demo; \
 	else $(SERVICES) --no-rabbitmq sh -c 'DATABASE_URL=$$OUTBOX_TEST_DATABASE_URL $(GO) run ./cmd/outbox demo'; fi
 
 test: ## the test suite, with -race, against throwaway PostgreSQL and RabbitMQ, and headless Chromium
-	$(SERVICES) --chromium $(GO) test -race -count=1 -timeout 12m ./...
+	$(SERVICES) --chromium $(GO) test -race -count=1 -timeout 14m ./...
+
+# The library's packages (all but the binaries under cmd/) with the oldest
+# Go that go.mod allows, fetched as a toolchain through the module proxy:
+# the go directive is what importers are held to, so it must be true.
+GO_MIN := $(shell awk '$$1 == "go" {print $$2; exit}' go.mod)
+test-go-min: ## the library's tests with the oldest Go go.mod declares
+	GOTOOLCHAIN=go$(GO_MIN) $(SERVICES) $(GO) test -count=1 -timeout 12m $$(GOTOOLCHAIN=go$(GO_MIN) $(GO) list ./... | grep -v /cmd/)
 
 build: ## build the outbox binary into bin/outbox
 	$(GO) build -o bin/outbox ./cmd/outbox
@@ -33,6 +38,7 @@ lint: ## gofmt, go vet, go mod tidy and staticcheck
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@$(GO) mod tidy -diff || { echo "go.mod / go.sum are not tidy: run go mod tidy"; exit 1; }
+	@cd scripts/tools && $(GO) mod tidy -diff || { echo "scripts/tools/go.mod is not tidy: run go mod tidy there"; exit 1; }
 	$(STATICCHECK) ./...
 
 # Benchmarks against throwaway servers (see docs/benchmarks.md). `bench`

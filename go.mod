@@ -1,6 +1,6 @@
 module github.com/outboxhq/outbox
 
-go 1.26.8
+go 1.26.0
 
 require (
 	cloud.google.com/go/pubsub v1.50.1

@@ -79,9 +79,13 @@ type Options struct {
 	// Mode is the relays' relay.mode: "table" (default) or "log", where
 	// they read the rows' inserts from a replication slot, one relay
 	// holding it and the others standing by.
-	Mode   string
-	Dir    string       // work directory (binary, logs); default a new temporary one
-	Logger *slog.Logger // progress; default discard
+	Mode string
+	// Deadline bounds the run once its binary is built and its servers
+	// are up (those can take minutes on a loaded machine, or with an
+	// install); default none but ctx's.
+	Deadline time.Duration
+	Dir      string       // work directory (binary, logs); default a new temporary one
+	Logger   *slog.Logger // progress; default discard
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -324,6 +328,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	defer srv.Stop()
+	if o.Deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Deadline)
+		defer cancel()
+	}
 	db, err := setupDatabase(ctx, srv.DatabaseURL, o.Aggregates)
 	if err != nil {
 		return nil, err
