@@ -143,6 +143,26 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// BacklogReader is an optional Store capability: it counts the events
+// still to publish, for the backlog gauges (core/metrics.Poller).
+// stuckAfter is how long an event may wait before it counts as stuck;
+// zero means the store's default.
+type BacklogReader interface {
+	Backlog(ctx context.Context, stuckAfter time.Duration) (Backlog, error)
+}
+
+// Backlog is a snapshot of the events not yet published.
+type Backlog struct {
+	Pending  int64 // neither published nor parked
+	Retrying int64 // pending and backing off after a transient failure
+	Held     int64 // pending and held for an operator by a permanent failure
+	Parked   int64 // set aside by an operator
+	Stuck    int64 // due for longer than stuckAfter, or held
+	// OldestPendingAge is how long the oldest pending event has been due;
+	// zero when none is.
+	OldestPendingAge time.Duration
+}
+
 // PermanentError marks a publish failure that retrying cannot fix: a message
 // too large, a type with no route, a message the broker rejects.
 type PermanentError struct{ Err error }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/outboxhq/outbox/core"
 )
 
 // A pending event is scheduled while its deliver-at time is ahead and it
@@ -62,6 +64,17 @@ type Replica struct {
 	// LastQuery is when the relay last sent a statement (its claims, every
 	// poll interval when idle): how recently it was seen working.
 	LastQuery time.Time
+}
+
+// Backlog counts the events still to publish (core.BacklogReader);
+// stuckAfter zero means DefaultStuckAge.
+func (s *Store) Backlog(ctx context.Context, stuckAfter time.Duration) (core.Backlog, error) {
+	st, err := s.Status(ctx, StatusOptions{StuckAfter: stuckAfter})
+	if err != nil {
+		return core.Backlog{}, err
+	}
+	return core.Backlog{Pending: st.Pending, Retrying: st.Retrying, Held: st.Held, Parked: st.Parked,
+		Stuck: st.Stuck, OldestPendingAge: st.OldestPendingAge}, nil
 }
 
 // Status measures the outbox. Every count is served by a partial index

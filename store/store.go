@@ -78,9 +78,10 @@ func (f *scanFrom) claimed(from int64, full bool, first int64) {
 }
 
 var (
-	_ core.Store    = (*Store)(nil)
-	_ core.Notifier = (*Store)(nil)
-	_ core.Pinger   = (*Store)(nil)
+	_ core.Store         = (*Store)(nil)
+	_ core.Notifier      = (*Store)(nil)
+	_ core.Pinger        = (*Store)(nil)
+	_ core.BacklogReader = (*Store)(nil)
 )
 
 // New returns a Store over pool. The schema must have been migrated.

@@ -200,8 +200,8 @@ VALUES (gen_random_uuid(), gen_random_uuid(), 't', '{}', now() - interval '1 hou
 
 type brokenReader struct{}
 
-func (brokenReader) Status(context.Context, store.StatusOptions) (store.Status, error) {
-	return store.Status{}, errors.New("connection refused")
+func (brokenReader) Backlog(context.Context, time.Duration) (core.Backlog, error) {
+	return core.Backlog{}, errors.New("connection refused")
 }
 
 func TestPollerCountsFailures(t *testing.T) {

@@ -9,15 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/core"
 )
-
-// StatusReader is what the Poller needs from the store.
-type StatusReader interface {
-	Status(ctx context.Context, opts store.StatusOptions) (store.Status, error)
-}
-
-var _ StatusReader = (*store.Store)(nil)
 
 // PollerOptions configure a Poller.
 type PollerOptions struct {
@@ -25,7 +18,7 @@ type PollerOptions struct {
 	Namespace  string                // default "outbox"
 	Interval   time.Duration         // between queries; default 15s
 	Timeout    time.Duration         // bound on one query; default 10s
-	StuckAfter time.Duration         // default store.DefaultStuckAge
+	StuckAfter time.Duration         // default: the store's
 	Logger     *slog.Logger          // default: discard
 }
 
@@ -33,7 +26,7 @@ type PollerOptions struct {
 // interval. Every replica that runs one exports the same values; alert on
 // max() across them.
 type Poller struct {
-	src  StatusReader
+	src  core.BacklogReader
 	opts PollerOptions
 	log  *slog.Logger
 
@@ -43,10 +36,10 @@ type Poller struct {
 }
 
 // NewPoller creates the gauges and registers them; Run updates them.
-func NewPoller(src StatusReader, opts PollerOptions) (*Poller, error) {
+func NewPoller(src core.BacklogReader, opts PollerOptions) (*Poller, error) {
 	switch {
 	case src == nil:
-		return nil, errors.New("new poller: status reader is nil")
+		return nil, errors.New("new poller: backlog reader is nil")
 	case opts.Registerer == nil:
 		return nil, errors.New("new poller: Registerer is nil")
 	case opts.Interval < 0, opts.Timeout < 0, opts.StuckAfter < 0:
@@ -60,9 +53,6 @@ func NewPoller(src StatusReader, opts PollerOptions) (*Poller, error) {
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = 10 * time.Second
-	}
-	if opts.StuckAfter == 0 {
-		opts.StuckAfter = store.DefaultStuckAge
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -112,7 +102,7 @@ func (p *Poller) Run(ctx context.Context) {
 func (p *Poller) Poll(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
-	s, err := p.src.Status(qctx, store.StatusOptions{StuckAfter: p.opts.StuckAfter})
+	s, err := p.src.Backlog(qctx, p.opts.StuckAfter)
 	if err != nil {
 		p.failures.Inc()
 		return fmt.Errorf("poll outbox status: %w", err)
