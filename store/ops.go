@@ -48,6 +48,15 @@ func aggregateCols(t string) string {
              AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END) END`
 }
 
+// handOff is the assignment every command that makes a row pending again
+// (replay, retry, unpark) adds. In log mode the log relay reads inserts
+// only, so an updated row reaches a broker through the table path, which
+// claims the rows handed off to it (migration 8); there the ordered claim
+// puts it before the later events of its aggregate, and the log relay
+// sends the aggregate's new events after it once it sees the aggregate has
+// pending handed-off rows. In table mode the column means nothing.
+const handOff = `handoff_at = COALESCE(handoff_at, now())`
+
 // maxSeq is above every seq.
 const maxSeq = `9223372036854775807`
 
@@ -218,8 +227,10 @@ func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
 	} else {
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
+		// handoff_at: see handOff.
 		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
-    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL
+    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL,
+        ` + handOff + `
     FROM m WHERE o.seq = m.seq RETURNING o.seq)
 SELECT count(*), COALESCE(max(seq), 0) FROM u`
 	}

@@ -161,7 +161,7 @@ LIMIT $2`
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event not yet tried is waiting as asked, not failing.
-	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL")
+	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL, "+handOff)
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
 	}
@@ -196,7 +196,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event goes back to waiting for its time.
 	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
-		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END")
+		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END, "+handOff)
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
 	}
