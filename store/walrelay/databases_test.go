@@ -113,6 +113,11 @@ func TestTwoDatabasesOnOneServer(t *testing.T) {
 			st, err := walrelay.Inspect(ctx, side.pool, cfg, walrelay.Slot{})
 			return err == nil && st.Active && st.InThisDatabase
 		})
+		// The session that found no slot failed; the one reading the slot
+		// it then created is healthy, and readiness says so.
+		waitFor(t, 5*time.Second, "the relay of "+side.db+" ready", func() bool {
+			return run.r.Holding() && run.r.Ready(0)[0].Err == nil
+		})
 		msgs := []outbox.Message{{AggregateID: uuid.NewString(), Type: "a.b", Payload: []byte(`{}`)}}
 		if err := pgx.BeginFunc(ctx, side.pool, func(tx pgx.Tx) error {
 			if err := rows.Write(ctx, tx, msgs...); err != nil {
