@@ -69,13 +69,13 @@ func (s Slot) Resolve(ctx context.Context, pool *pgxpool.Pool, cfg store.Config)
 	}
 	var db string
 	var legacy bool
-	name, old := "", legacySlotName(cfg)
+	old := legacySlotName(cfg)
 	err = pool.QueryRow(ctx, `SELECT current_database(),
        EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database())`, old).Scan(&db, &legacy)
 	if err != nil {
 		return s, fmt.Errorf("resolve slot name: %w", err)
 	}
-	name = defaultSlotName(db, cfg)
+	name := defaultSlotName(db, cfg)
 	if legacy {
 		var taken bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, name).Scan(&taken); err != nil {
