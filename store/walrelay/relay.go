@@ -859,10 +859,18 @@ func (s *stream) isDiverted(ctx context.Context, agg string) (bool, error) {
 	return pending, nil
 }
 
-// refreshDiverted adds, every few seconds, aggregates that gained pending
-// handed-off rows outside this relay (an operator's unpark).
+// divertedRefresh is how often the relay reloads the aggregates with
+// pending handed-off rows. An operator's replay, retry or unpark hands
+// rows over without the relay knowing; until the reload, a new event of
+// that aggregate read from the log can go out before them. The query
+// reads the small handoff index.
+const divertedRefresh = time.Second
+
+// refreshDiverted adds, every divertedRefresh, aggregates that gained
+// pending handed-off rows outside this relay (an operator's replay, retry
+// or unpark).
 func (s *stream) refreshDiverted(ctx context.Context) {
-	t := time.NewTicker(10 * time.Second)
+	t := time.NewTicker(divertedRefresh)
 	defer t.Stop()
 	for {
 		select {
