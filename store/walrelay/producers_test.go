@@ -102,12 +102,16 @@ func TestRelaysProducerFields(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				prefix, _ := walrelay.MessagePrefix(e.cfg)
-				if _, err := e.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, json_build_object(
-    'v', 1, 'event_id', $2::text, 'aggregate_id', $3::text, 'type', $4::text,
-    'content_type', $5::text, 'topic', $6::text, 'deliver_at', now() - interval '1 hour',
-    'payload_base64', encode($7::bytea, 'base64'))::text)`,
-					prefix, sqlEvent.ID, sqlEvent.AggregateID, sqlEvent.Type, sqlEvent.ContentType, sqlEvent.Topic, big); err != nil {
+				// The documented SQL way: the log write function.
+				fn, err := e.cfg.LogWriteFunc()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.pool.Exec(ctx, `SELECT `+fn+`(json_build_object(
+    'v', 1, 'event_id', $1::text, 'aggregate_id', $2::text, 'type', $3::text,
+    'content_type', $4::text, 'topic', $5::text, 'deliver_at', now() - interval '1 hour',
+    'payload_base64', encode($6::bytea, 'base64'))::text)`,
+					sqlEvent.ID, sqlEvent.AggregateID, sqlEvent.Type, sqlEvent.ContentType, sqlEvent.Topic, big); err != nil {
 					t.Fatal(err)
 				}
 			}
