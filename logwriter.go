@@ -9,7 +9,9 @@ import (
 )
 
 // LogWriter writes events into PostgreSQL's write-ahead log only, with
-// pg_logical_emit_message in the caller's transaction: no table row, no
+// pg_logical_emit_message in the caller's transaction, through the
+// outbox's log write function (migration 9), which refuses the write while
+// no slot of the database would read it (create the slot first): no table row, no
 // index entry, nothing to clean up. The event commits or rolls back with
 // the transaction, and the log relay (relay.mode log) reads it from its
 // replication slot in commit order. The server needs wal_level=logical.
@@ -20,12 +22,9 @@ import (
 // handed by the relay to the table when it reads it, and published from
 // there when due. LogWriter is safe for concurrent use.
 type LogWriter struct {
-	w      *Writer
-	prefix string
+	w   *Writer
+	sql string
 }
-
-// logSQL emits one message per element, in order, in one statement.
-const logSQL = `SELECT pg_logical_emit_message(true, $1, m) FROM unnest($2::text[]) AS m`
 
 // NewLogWriter checks opts. opts.Store names the outbox whose log relay
 // reads the events (the message prefix is walrelay.MessagePrefix of it).
@@ -34,11 +33,13 @@ func NewLogWriter(opts WriterOptions) (*LogWriter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new log writer: %w", err)
 	}
-	prefix, err := walrelay.MessagePrefix(w.opts.Store)
+	fn, err := w.opts.Store.LogWriteFunc()
 	if err != nil {
 		return nil, fmt.Errorf("new log writer: %w", err)
 	}
-	return &LogWriter{w: w, prefix: prefix}, nil
+	// One message per element, in order, in one statement. The function
+	// (migration 9) refuses the write while no slot would read it.
+	return &LogWriter{w: w, sql: `SELECT ` + fn + `(m) FROM unnest($1::text[]) AS m`}, nil
 }
 
 // Write validates msgs and emits them with tx. Nothing is emitted when any
@@ -72,7 +73,7 @@ func (l *LogWriter) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		}
 		contents[i] = string(b)
 	}
-	if _, err := tx.Exec(ctx, logSQL, l.prefix, contents); err != nil {
+	if _, err := tx.Exec(ctx, l.sql, contents); err != nil {
 		return fmt.Errorf("outbox: emit %d events: %w", len(msgs), err)
 	}
 	return nil

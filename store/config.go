@@ -97,6 +97,21 @@ func checkName(s string) error {
 	return nil
 }
 
+// literal quotes s as an SQL string literal.
+func literal(s string) string {
+	return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(s) + "'"
+}
+
+// LogWriteFunc is the quoted name of the function that writes a log-only
+// event (migration 9).
+func (c Config) LogWriteFunc() (string, error) {
+	c, err := c.WithDefaults()
+	if err != nil {
+		return "", err
+	}
+	return c.names().LogWriteFunc, nil
+}
+
 // ident quotes a possibly schema-qualified name for SQL.
 func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 
@@ -111,6 +126,8 @@ type names struct {
 	WriteFunc, ScheduleFunc, ScheduleTrigger           string
 	HandoffView, HandoffIdx                            string // migration 8: the log relay's table path
 	FailedIdx                                          string
+	LogWriteFunc                                       string // migration 9
+	LogPrefixLiteral, SchemaLiteral, TableLiteral      string // quoted literals
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -144,7 +161,11 @@ func (c Config) names() names {
 		WriteFunc:        ident(c.Schema, c.Table+"_write"),
 		ScheduleFunc:     ident(c.Schema, c.Table+"_schedule"),
 		ScheduleTrigger:  ident(c.Table + "_schedule"),
+		LogWriteFunc:     ident(c.Schema, c.Table+"_log_write"),
+		LogPrefixLiteral: literal("outbox:" + c.Schema + "." + c.Table),
+		SchemaLiteral:    literal(c.Schema),
+		TableLiteral:     literal(c.Table),
 		Channel:          c.NotifyChannel,
-		ChannelLiteral:   "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(c.NotifyChannel) + "'",
+		ChannelLiteral:   literal(c.NotifyChannel),
 	}
 }

@@ -82,6 +82,7 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 		for _, payload := range []string{"bytea", "text", "json", "jsonb"} {
 			grant("EXECUTE", "FUNCTION "+n.WriteFunc+"(text, text, "+payload+", jsonb, text, text, timestamptz, uuid)", r.Producer)
 		}
+		grant("EXECUTE", "FUNCTION "+n.LogWriteFunc+"(text)", r.Producer) // log-only events (relay.mode log)
 	}
 	if r.Consumer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Consumer)

@@ -86,10 +86,14 @@ type EventInfo struct {
 	ParkedAt     time.Time
 	ParkedReason string
 	// HeldBack counts later pending events of the same aggregate that
-	// ordered mode keeps waiting behind this pending event.
+	// ordered mode keeps waiting behind this pending event: all of them
+	// when it is not due yet (held, retrying, scheduled), else those before
+	// the aggregate's next event that is not due.
 	HeldBack int64
-	// WaitsFor is the earliest pending event of the same aggregate when
-	// that is not this one: in ordered mode this event waits for it.
+	// WaitsFor is the event this one waits for in ordered mode: the
+	// earliest earlier event of its aggregate that is not due yet, else,
+	// when this one is due, the earliest earlier pending event; zero when
+	// it waits for nothing but its own time.
 	WaitsFor int64
 }
 
@@ -112,19 +116,11 @@ func (e EventInfo) State() EventState {
 }
 
 // infoCols are the columns scanInfo reads, for the outbox row aliased o.
-// The two counts walk the (aggregate_id, seq) index of pending rows.
 func (s *Store) infoCols() string {
 	t := s.n.Outbox
 	return `o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.dispatched_at, o.attempts,
        COALESCE(o.last_error, ''), o.failed_at, o.retry_at, o.parked_at, COALESCE(o.parked_reason, ''),
-       CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN (
-           SELECT count(*) FROM ` + t + ` l
-           WHERE l.aggregate_id = o.aggregate_id AND l.seq > o.seq
-             AND l.dispatched_at IS NULL AND l.parked_at IS NULL) ELSE 0 END,
-       CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN (
-           SELECT min(e.seq) FROM ` + t + ` e
-           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
-             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END,
+       ` + aggregateCols(t) + `,
        o.deliver_at, o.dispatched_at IS NULL AND o.parked_at IS NULL AND ` + scheduledSQL
 }
 

@@ -17,6 +17,51 @@ const (
 	dueSQL       = `greatest(created_at, deliver_at)`
 )
 
+// aggregateCols are the two columns that say where a pending event (the
+// outbox row aliased o, in table t) stands in its aggregate, as the
+// ordered claim sees it. An event that is not due yet (held, retrying, or
+// scheduled: retry_at ahead) keeps back every later event of its
+// aggregate; the events before it are due and go out first.
+//
+// The first column counts the later pending events that wait behind o: all
+// of them when o is not due, else those before the next event that is not
+// due (the ones after it wait for that one). The second is the event o
+// waits for: the earliest earlier event that is not due, or, when there is
+// none and o is due, the earliest earlier pending event (ordinary order);
+// NULL when o waits for nothing but its own time. Both walk the
+// (aggregate_id, seq) index of pending rows.
+func aggregateCols(t string) string {
+	notDue := `o.retry_at IS NOT NULL AND o.retry_at > now()`
+	return `CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN (
+           SELECT count(*) FROM ` + t + ` l
+           WHERE l.aggregate_id = o.aggregate_id AND l.seq > o.seq
+             AND l.dispatched_at IS NULL AND l.parked_at IS NULL
+             AND (` + notDue + ` OR l.seq < coalesce((
+                 SELECT min(h.seq) FROM ` + t + ` h
+                 WHERE h.aggregate_id = o.aggregate_id AND h.seq > o.seq
+                   AND h.dispatched_at IS NULL AND h.parked_at IS NULL AND h.retry_at > now()), ` + maxSeq + `))) ELSE 0 END,
+       CASE WHEN o.dispatched_at IS NULL AND o.parked_at IS NULL THEN coalesce((
+           SELECT min(e.seq) FROM ` + t + ` e
+           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
+             AND e.dispatched_at IS NULL AND e.parked_at IS NULL AND e.retry_at > now()),
+           CASE WHEN NOT (` + notDue + `) THEN (
+           SELECT min(e.seq) FROM ` + t + ` e
+           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
+             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END) END`
+}
+
+// handOff is the assignment every command that makes a row pending again
+// (replay, retry, unpark) adds. In log mode the log relay reads inserts
+// only, so an updated row reaches a broker through the table path, which
+// claims the rows handed off to it (migration 8); there the ordered claim
+// puts it before the later events of its aggregate, and the log relay
+// sends the aggregate's new events after it once it sees the aggregate has
+// pending handed-off rows. In table mode the column means nothing.
+const handOff = `handoff_at = COALESCE(handoff_at, now())`
+
+// maxSeq is above every seq.
+const maxSeq = `9223372036854775807`
+
 // Operations over the whole outbox: the queries behind `outbox status`,
 // `outbox replay` and `outbox cleanup`, and the gauges of the metrics
 // poller.
@@ -195,8 +240,10 @@ func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
 	} else {
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
+		// handoff_at: see handOff.
 		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
-    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL
+    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL,
+        ` + handOff + `
     FROM m WHERE o.seq = m.seq RETURNING o.seq)
 SELECT count(*), COALESCE(max(seq), 0) FROM u`
 	}

@@ -56,11 +56,14 @@ type StuckEvent struct {
 	ParkedAt     time.Time // zero unless parked
 	ParkedReason string
 	// HeldBack counts later pending events of the same aggregate that
-	// ordered mode keeps waiting behind this one; Blocking is HeldBack > 0.
+	// ordered mode keeps waiting behind this one (as EventInfo.HeldBack);
+	// Blocking is HeldBack > 0.
 	HeldBack int64
 	Blocking bool
-	// WaitsFor is the earliest pending event of the same aggregate when
-	// that is not this one: the event to look at first. Zero otherwise.
+	// WaitsFor is the event to look at first: the earliest earlier event
+	// of the aggregate that is not due yet (held, retrying, scheduled),
+	// else, when this one is due, the earliest earlier pending event. Zero
+	// when it waits for nothing but its own time.
 	WaitsFor int64
 	// DeliverAt is the producer's deliver-at time, zero if none;
 	// Scheduled says the event is still waiting for it (and is not
@@ -105,14 +108,7 @@ func (s *Store) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error)
 	sql := `
 SELECT o.seq, o.event_id::text, o.aggregate_id::text, o.type, o.created_at, o.attempts,
        COALESCE(o.last_error, ''), o.retry_at, o.parked_at, COALESCE(o.parked_reason, ''),
-       CASE WHEN o.parked_at IS NULL THEN (
-           SELECT count(*) FROM ` + t + ` l
-           WHERE l.aggregate_id = o.aggregate_id AND l.seq > o.seq
-             AND l.dispatched_at IS NULL AND l.parked_at IS NULL) ELSE 0 END,
-       CASE WHEN o.parked_at IS NULL THEN (
-           SELECT min(e.seq) FROM ` + t + ` e
-           WHERE e.aggregate_id = o.aggregate_id AND e.seq < o.seq
-             AND e.dispatched_at IS NULL AND e.parked_at IS NULL) END,
+       ` + aggregateCols(t) + `,
        o.deliver_at, o.parked_at IS NULL AND ` + scheduledSQL + `
 FROM ` + t + ` o
 WHERE o.seq IN (` + pending + `)
@@ -165,7 +161,7 @@ LIMIT $2`
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event not yet tried is waiting as asked, not failing.
-	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL")
+	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL, "+handOff)
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
 	}
@@ -200,7 +196,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event goes back to waiting for its time.
 	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
-		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END")
+		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END, "+handOff)
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
 	}

@@ -284,3 +284,83 @@ func TestTableChecksOfMigration7(t *testing.T) {
 		t.Fatalf("a row inserted with a future deliver_at was claimed: %v", types(got))
 	}
 }
+
+// A scheduled event holds back the events of its aggregate after it, not
+// the ones before it: those are due and go out, in order, ahead of it. A
+// retry-waiting event does the same. Events of other aggregates pass.
+func TestScheduledEventHoldsOnlyLaterEvents(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	var msgs []outbox.Message
+	for range 100 {
+		msgs = append(msgs, outbox.Message{AggregateID: "ord_1", Type: "a.before", Payload: []byte(`{}`)})
+	}
+	msgs = append(msgs, outbox.Message{AggregateID: "ord_1", Type: "a.scheduled", Payload: []byte(`{}`), DeliverAt: time.Now().Add(2 * time.Hour)})
+	msgs = append(msgs, outbox.Message{AggregateID: "ord_1", Type: "a.after", Payload: []byte(`{}`)})
+	for range 10 {
+		msgs = append(msgs, outbox.Message{AggregateID: "ord_2", Type: "b.other", Payload: []byte(`{}`)})
+	}
+	in.write(ctx, t, msgs...)
+	// A retry-waiting event in the middle of a third aggregate.
+	in.write(ctx, t,
+		outbox.Message{AggregateID: "ord_3", Type: "c.before", Payload: []byte(`{}`)},
+		outbox.Message{AggregateID: "ord_3", Type: "c.failed", Payload: []byte(`{}`)},
+		outbox.Message{AggregateID: "ord_3", Type: "c.after", Payload: []byte(`{}`)})
+	if _, err := pool.Exec(ctx, `UPDATE `+in.table()+` SET attempts = 1, retry_at = now() + interval '1 hour', last_error = 'timeout' WHERE type = 'c.failed'`); err != nil {
+		t.Fatal(err)
+	}
+
+	// The operator's view says the same: the due events wait for nothing
+	// unusual, the later ones for the scheduled event, which waits for its
+	// time alone.
+	time.Sleep(5 * time.Millisecond)
+	stuck, err := in.s.Stuck(ctx, store.StuckOptions{OlderThan: time.Millisecond, IncludeScheduled: true, Limit: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first, second, sched, after, cFailed, cAfter store.StuckEvent
+	for _, e := range stuck {
+		switch {
+		case e.Type == "a.before" && first.Seq == 0:
+			first = e
+		case e.Type == "a.before" && second.Seq == 0:
+			second = e
+		case e.Type == "a.scheduled":
+			sched = e
+		case e.Type == "a.after":
+			after = e
+		case e.Type == "c.failed":
+			cFailed = e
+		case e.Type == "c.after":
+			cAfter = e
+		}
+	}
+	if first.WaitsFor != 0 || first.HeldBack != 99 || second.WaitsFor != first.Seq {
+		t.Errorf("first due event waits for %d and holds back %d, the second waits for %d; want 0, 99 (the due ones) and %d",
+			first.WaitsFor, first.HeldBack, second.WaitsFor, first.Seq)
+	}
+	if !sched.Scheduled || sched.WaitsFor != 0 || sched.HeldBack != 1 || after.WaitsFor != sched.Seq {
+		t.Errorf("scheduled event %+v, the one after it waits for %d; want scheduled, waiting for nothing, holding back 1, and %d",
+			sched, after.WaitsFor, sched.Seq)
+	}
+	if cFailed.RetryAt.IsZero() || cFailed.WaitsFor != 0 || cFailed.HeldBack != 1 || cAfter.WaitsFor != cFailed.Seq {
+		t.Errorf("retrying event %+v, the one after it waits for %d; want %d", cFailed, cAfter.WaitsFor, cFailed.Seq)
+	}
+	info, err := in.s.Event(ctx, first.Seq, "")
+	if err != nil || info.WaitsFor != 0 || info.HeldBack != 99 || info.State() != store.StatePending {
+		t.Errorf("event %d: %+v, %v; want pending, waiting for nothing, holding back 99", first.Seq, info.EventInfo, err)
+	}
+
+	count := map[string]int{}
+	for _, e := range in.claimAll(ctx, t, false) {
+		count[e.Type]++
+	}
+	for _, e := range in.claimAll(ctx, t, false) {
+		count[e.Type]++
+	}
+	want := map[string]int{"a.before": 100, "b.other": 10, "c.before": 1}
+	if len(count) != len(want) || count["a.before"] != 100 || count["b.other"] != 10 || count["c.before"] != 1 {
+		t.Fatalf("claimed %v, want %v: the events before a waiting one are due, those after it wait", count, want)
+	}
+}

@@ -113,24 +113,32 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
        CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload_bytes END,
        c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + within
 	running := `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
-	// Candidates are locked in id order, skipping rows other relays hold.
-	// Ordered mode leaves out aggregates whose earliest event waits for a
-	// retry. Then, per aggregate in the claim, the first pending event
+	// Candidates are locked in seq order, skipping rows other relays hold.
+	// Ordered mode leaves out the events of an aggregate from its first
+	// event that is not due yet (waiting for a retry or its deliver-at
+	// time) on: held has that seq per aggregate, usually few, and early
+	// the aggregate's pending events before it, at most a batch of them
+	// each, found through the (aggregate_id, seq) index. Both are hashed
+	// sets, so an event the scan steps over costs two lookups however many
+	// events wait. Then, per aggregate in the claim, the first pending event
 	// neither in the claim nor in the caller's in-flight list ($5: events
 	// of its own open claims, which it publishes first) blocks the
-	// aggregate from that event on: one locked by another relay, one past
-	// the batch, or one of the caller's whose publish failed. The probe
-	// walks the aggregate's index from its earliest pending event and stops there, so its cost
-	// follows the batch, however hot an aggregate is and however many
-	// dispatched rows the table keeps.
+	// aggregate from that event on: one not due yet, one locked by another
+	// relay, one past the batch, or one of the caller's whose publish
+	// failed. The probe walks the aggregate's index from its earliest
+	// pending event and stops there, so its cost follows the batch, however
+	// hot an aggregate is and however many dispatched rows the table keeps.
 	ordered := `
-WITH held AS (
-    SELECT DISTINCT aggregate_id FROM ` + n.Outbox + `
+WITH held AS MATERIALIZED (
+    SELECT aggregate_id, min(seq) AS seq FROM ` + n.Outbox + `
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+    GROUP BY aggregate_id
 ), cand AS MATERIALIZED (
     SELECT ` + cols + ` FROM ` + n.Outbox + `
     WHERE ` + pending + ` AND seq >= $4
-      AND aggregate_id NOT IN (SELECT aggregate_id FROM held)
+      AND (aggregate_id NOT IN (SELECT aggregate_id FROM held)
+           OR (seq < (SELECT max(seq) FROM held)
+               AND seq < ((SELECT jsonb_object_agg(aggregate_id, seq) FROM held) ->> aggregate_id)::bigint))
     ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED

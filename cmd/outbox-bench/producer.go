@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 // closedLoop runs work on n goroutines, back to back, for d, and returns
@@ -233,6 +234,17 @@ func (b *bench) producerSection(ctx context.Context, rep *report) error {
 		return err
 	}
 	if level == "logical" {
+		// The log write refuses to write while no slot would read it.
+		// The slot is not read here: dropped at the end, it keeps WAL
+		// only for this section.
+		if _, err := walrelay.CreateSlot(ctx, b.pool, cfg, walrelay.Slot{}); err != nil {
+			return fmt.Errorf("create slot for the log-only producer: %w", err)
+		}
+		defer func() {
+			if err := walrelay.DropSlot(context.WithoutCancel(ctx), b.pool, cfg, walrelay.Slot{}); err != nil {
+				b.log.Warn("drop the log-only producer's slot", "error", err)
+			}
+		}()
 		variants = append(variants, struct {
 			name string
 			body func(context.Context, pgx.Tx, int64) error

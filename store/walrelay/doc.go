@@ -9,7 +9,8 @@
 //     producers write rows as in table mode, and the relay marks each row
 //     dispatched once published);
 //   - logical decoding messages of the outbox's prefix, which producers
-//     write with pg_logical_emit_message (log only: no row at all; see
+//     write with the outbox's log write function (log only: no row at
+//     all; it refuses the write while no slot would read it; see
 //     EncodeMessage for the format and outbox.LogWriter for the writer).
 //
 // The slot's confirmed position advances only past transactions all of

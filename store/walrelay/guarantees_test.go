@@ -617,3 +617,82 @@ func TestFailingEventMovesToTheTable(t *testing.T) {
 		})
 	}
 }
+
+// Replay, retry and unpark in log mode: the log relay reads inserts only,
+// so a row made pending again reaches the broker through the table path,
+// before the later events of its aggregate.
+func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := store.New(e.pool, e.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A row parked before the outbox moved to log mode is not in the
+	// slot's stream, nor handed over when the slot is created.
+	seqOf := func(id string) store.Selector {
+		t.Helper()
+		var seq int64
+		if err := e.pool.QueryRow(ctx, `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		return store.Selector{Seqs: []int64{seq}}
+	}
+	a, b := uuid.NewString(), uuid.NewString()
+	parked := e.write(true, b, 0, 1)
+	if _, err := st.Park(ctx, seqOf(parked[0]), "look"); err != nil {
+		t.Fatal(err)
+	}
+	e.createSlot()
+	pub := &recorder{}
+	hc, err := walrelay.HandoffConfig(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hst, err := store.New(e.pool, hc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tableRelay, err := core.New(hst, pub, core.Options{PollInterval: 50 * time.Millisecond, DisableWakeups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trDone := make(chan error, 1)
+	go func() { trDone <- tableRelay.Run(ctx) }()
+	defer func() { cancel(); <-trDone }()
+	o := e.opts()
+	o.HandedOff = tableRelay.Wake
+	e.start(pub, o)
+
+	ids := e.write(true, a, 0, 3)
+	waitFor(t, 20*time.Second, "A's three events from the log", func() bool { return len(pub.distinct()) == 3 })
+	waitFor(t, 10*time.Second, "A's events marked", func() bool { return e.count("dispatched_at IS NULL") == 1 })
+
+	n, err := st.Replay(ctx, seqOf(ids[1]), store.ReplayOptions{})
+	if err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	waitFor(t, 20*time.Second, "the replayed event published again", func() bool { return pub.distinct()[ids[1]] == 2 })
+	if n, err := st.Unpark(ctx, seqOf(parked[0])); err != nil || n != 1 {
+		t.Fatalf("unpark: %d, %v", n, err)
+	}
+	waitFor(t, 20*time.Second, "the unparked event published", func() bool { return pub.distinct()[parked[0]] == 1 })
+	waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+
+	// A retried row: failed once in the table path, released by retry.
+	if _, err := st.Replay(ctx, seqOf(ids[2]), store.ReplayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the second replay published", func() bool { return pub.distinct()[ids[2]] == 2 })
+	waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+	if _, err := e.pool.Exec(ctx, `UPDATE `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+
+		` SET dispatched_at = NULL, handoff_at = NULL, attempts = 1, retry_at = 'infinity', last_error = 'refused' WHERE event_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.Retry(ctx, seqOf(ids[0])); err != nil || n != 1 {
+		t.Fatalf("retry: %d, %v", n, err)
+	}
+	waitFor(t, 20*time.Second, "the retried event published", func() bool { return pub.distinct()[ids[0]] == 2 })
+	waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+}

@@ -41,7 +41,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot, err := walrelay.Slot{}.WithDefaults(cfg)
+	slot, err := walrelay.Slot{}.Resolve(context.Background(), pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,15 @@ package walrelay_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
@@ -99,12 +102,16 @@ func TestRelaysProducerFields(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				prefix, _ := walrelay.MessagePrefix(e.cfg)
-				if _, err := e.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, json_build_object(
-    'v', 1, 'event_id', $2::text, 'aggregate_id', $3::text, 'type', $4::text,
-    'content_type', $5::text, 'topic', $6::text, 'deliver_at', now() - interval '1 hour',
-    'payload_base64', encode($7::bytea, 'base64'))::text)`,
-					prefix, sqlEvent.ID, sqlEvent.AggregateID, sqlEvent.Type, sqlEvent.ContentType, sqlEvent.Topic, big); err != nil {
+				// The documented SQL way: the log write function.
+				fn, err := e.cfg.LogWriteFunc()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.pool.Exec(ctx, `SELECT `+fn+`(json_build_object(
+    'v', 1, 'event_id', $1::text, 'aggregate_id', $2::text, 'type', $3::text,
+    'content_type', $4::text, 'topic', $5::text, 'deliver_at', now() - interval '1 hour',
+    'payload_base64', encode($6::bytea, 'base64'))::text)`,
+					sqlEvent.ID, sqlEvent.AggregateID, sqlEvent.Type, sqlEvent.ContentType, sqlEvent.Topic, big); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -268,5 +275,50 @@ func TestBadMessageHoldsItsAggregate(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if len(pub.events()) != 0 {
 		t.Fatalf("published %d events, want none while the bad message is held", len(pub.events()))
+	}
+}
+
+// A log-only event written while no slot reads the database would be in
+// no slot's stream: the write fails in the producer's transaction, from
+// LogWriter and from the SQL function, before the slot exists and after
+// it is dropped; with the slot every event is delivered.
+func TestLogOnlyWriteNeedsASlot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	fn, err := e.cfg.LogWriteFunc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(when string) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			return e.log.Write(ctx, tx, outbox.Message{AggregateID: "a", Type: "a.b", Payload: []byte(`{}`)})
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !strings.Contains(pgErr.Message, "no replication slot") {
+			t.Fatalf("LogWriter %s: %v, want the write refused (55000)", when, err)
+		}
+		_, err = e.pool.Exec(ctx, `SELECT `+fn+`($1)`, `{"v":1}`)
+		if !errors.As(err, &pgErr) || pgErr.Code != "55000" {
+			t.Fatalf("SQL write %s: %v, want the write refused (55000)", when, err)
+		}
+	}
+	refused("before the slot exists")
+
+	e.createSlot()
+	pub := &recorder{}
+	run := e.start(pub, e.opts())
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, e.write(false, "a", i, 1)...)
+	}
+	// Twenty in one transaction: the slot is looked up once.
+	ids = append(ids, e.write(false, "b", 0, 20)...)
+	waitFor(t, 20*time.Second, "40 log-only events", func() bool { return len(pub.distinct()) == 40 })
+	run.stop(t)
+	e.dropSlot()
+	refused("after the slot was dropped")
+	if len(ids) != 40 {
+		t.Fatalf("wrote %d", len(ids))
 	}
 }

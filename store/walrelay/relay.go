@@ -260,7 +260,7 @@ func (r *Relay) Ready(staleAfter time.Duration) []core.Check {
 // finish (bounded by ShutdownTimeout), confirms and returns nil. It
 // returns an error only for what retrying cannot fix: the server's
 // wal_level, the role's missing REPLICATION attribute, a missing slot
-// without CreateSlot.
+// without CreateSlot, a slot of the name that decodes another database.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := Check(ctx, r.pool); err != nil {
 		if ctx.Err() != nil {
@@ -268,14 +268,26 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("log relay: %w", err)
 	}
-	failures, standing := 0, false
+	// The default slot name depends on the database; it is read once,
+	// before any session uses it.
+	if r.opts.Slot.Name == "" {
+		slot, err := r.opts.Slot.Resolve(ctx, r.pool, r.opts.Store)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("log relay: %w", err)
+		}
+		r.opts.Slot = slot
+	}
+	failures, standing, created := 0, false, false
 	for ctx.Err() == nil {
 		streamed, err := r.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if streamed {
-			failures, standing = 0, false
+			failures, standing, created = 0, false, false
 		}
 		if err == nil || errors.Is(err, ErrSlotBusy) {
 			r.failure.Store(nil)
@@ -292,7 +304,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			r.progress.Store(time.Now().UnixNano())
 			failures = 0
+		case errors.Is(err, ErrSlotOfOtherDatabase):
+			return fmt.Errorf("log relay: %w", err)
+		case errors.Is(err, ErrNoSlot) && created:
+			// Created (or found) and still missing: never loop on it.
+			return fmt.Errorf("log relay: slot %s is missing right after it was created: %w", r.opts.Slot.Name, err)
 		case errors.Is(err, ErrNoSlot) && r.opts.CreateSlot:
+			created = true
 			c, cerr := CreateSlot(ctx, r.pool, r.opts.Store, r.opts.Slot)
 			if cerr == nil {
 				r.log.Info("slot created", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication,
@@ -374,6 +392,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
+	// Reading the slot: an earlier session's failure (such as the slot
+	// missing before the relay created it) is over.
+	r.failure.Store(nil)
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_over_aggregates", len(s.diverted))
 	return true, s.run(ctx)
 }
@@ -382,14 +403,18 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 // resumes.
 func (r *Relay) slotPosition(ctx context.Context) (pglogrepl.LSN, error) {
 	var plugin string
-	var lsn *string
-	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots
-WHERE slot_name = $1 AND database = current_database()`, r.opts.Slot.Name).Scan(&plugin, &lsn)
+	var lsn, db *string
+	var here bool
+	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text, database, database IS NOT DISTINCT FROM current_database()
+FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot.Name).Scan(&plugin, &lsn, &db, &here)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: slot %s in this database", ErrNoSlot, r.opts.Slot.Name)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("read slot %s: %w", r.opts.Slot.Name, err)
+	}
+	if !here {
+		return 0, otherDatabase(r.opts.Slot.Name, deref(db))
 	}
 	if plugin != "pgoutput" {
 		return 0, fmt.Errorf("slot %s uses plugin %s, not pgoutput", r.opts.Slot.Name, plugin)
@@ -837,10 +862,18 @@ func (s *stream) isDiverted(ctx context.Context, agg string) (bool, error) {
 	return pending, nil
 }
 
-// refreshDiverted adds, every few seconds, aggregates that gained pending
-// handed-off rows outside this relay (an operator's unpark).
+// divertedRefresh is how often the relay reloads the aggregates with
+// pending handed-off rows. An operator's replay, retry or unpark hands
+// rows over without the relay knowing; until the reload, a new event of
+// that aggregate read from the log can go out before them. The query
+// reads the small handoff index.
+const divertedRefresh = time.Second
+
+// refreshDiverted adds, every divertedRefresh, aggregates that gained
+// pending handed-off rows outside this relay (an operator's replay, retry
+// or unpark).
 func (s *stream) refreshDiverted(ctx context.Context) {
-	t := time.NewTicker(10 * time.Second)
+	t := time.NewTicker(divertedRefresh)
 	defer t.Stop()
 	for {
 		select {

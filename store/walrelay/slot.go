@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 
@@ -20,8 +21,13 @@ import (
 // "relay.log" section.
 type Slot struct {
 	// Name is the logical replication slot: lower-case letters, digits
-	// and underscores, at most 63 bytes. Defaults to "outbox_" then the
-	// schema and table, with other characters as underscores.
+	// and underscores, at most 63 bytes. Slot names are shared by every
+	// database of a server, so the default, filled in by Resolve, is
+	// "outbox_" then the database, schema and table, with other
+	// characters as underscores, cut and ended with a hash of the three
+	// when longer than 63 bytes or changed by the replacement. A slot with
+	// the default of earlier versions (no database) that exists in this
+	// database is kept.
 	Name string `koanf:"slot"`
 	// Publication is the publication on the outbox table the slot's
 	// pgoutput reads inserts from. Defaults to the slot's name.
@@ -30,16 +36,13 @@ type Slot struct {
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
-// WithDefaults fills the names from the outbox cfg names and checks them.
+// WithDefaults checks the names that are set. An empty Name stays empty:
+// its default depends on the database, which Resolve reads.
 func (s Slot) WithDefaults(cfg store.Config) (Slot, error) {
-	cfg, err := cfg.WithDefaults()
-	if err != nil {
+	if _, err := cfg.WithDefaults(); err != nil {
 		return s, err
 	}
-	if s.Name == "" {
-		s.Name = defaultSlotName(cfg)
-	}
-	if !slotName.MatchString(s.Name) {
+	if s.Name != "" && !slotName.MatchString(s.Name) {
 		return s, fmt.Errorf("slot %q: want 1 to 63 lower-case letters, digits or underscores", s.Name)
 	}
 	if s.Publication == "" {
@@ -51,17 +54,73 @@ func (s Slot) WithDefaults(cfg store.Config) (Slot, error) {
 	return s, nil
 }
 
-func defaultSlotName(cfg store.Config) string {
-	b := []byte("outbox_" + strings.ToLower(cfg.Schema+"_"+cfg.Table))
+// Resolve returns s with its defaults filled in for the database pool
+// connects to. An empty Name becomes the default of this version unless
+// only a slot with the default of earlier versions, which left the
+// database out, exists in this database: that one is kept, so an upgrade
+// neither strands a slot nor loses its position.
+func (s Slot) Resolve(ctx context.Context, pool *pgxpool.Pool, cfg store.Config) (Slot, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return s, err
+	}
+	if s, err = s.WithDefaults(cfg); err != nil || s.Name != "" {
+		return s, err
+	}
+	var db string
+	var legacy bool
+	old := legacySlotName(cfg)
+	err = pool.QueryRow(ctx, `SELECT current_database(),
+       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database())`, old).Scan(&db, &legacy)
+	if err != nil {
+		return s, fmt.Errorf("resolve slot name: %w", err)
+	}
+	name := defaultSlotName(db, cfg)
+	if legacy {
+		var taken bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, name).Scan(&taken); err != nil {
+			return s, fmt.Errorf("resolve slot name: %w", err)
+		}
+		if !taken {
+			name = old
+		}
+	}
+	s.Name = name
+	if s.Publication == "" {
+		s.Publication = name
+	}
+	return s, nil
+}
+
+// defaultSlotName is "outbox_<database>_<schema>_<table>" as a slot name.
+func defaultSlotName(db string, cfg store.Config) string {
+	full := "outbox_" + db + "_" + cfg.Schema + "_" + cfg.Table
+	b := slotChars(full)
+	if len(b) <= 63 && string(b) == full {
+		return full
+	}
+	// Cut or changed: a hash of the names tells apart databases whose
+	// names differ only past the cut or in replaced characters.
+	h := fnv.New32a()
+	h.Write([]byte(db + "\x00" + cfg.Schema + "\x00" + cfg.Table))
+	sum := fmt.Sprintf("_%08x", h.Sum32())
+	return string(b[:min(len(b), 63-len(sum))]) + sum
+}
+
+// legacySlotName is the default slot name of earlier versions.
+func legacySlotName(cfg store.Config) string {
+	b := slotChars("outbox_" + cfg.Schema + "_" + cfg.Table)
+	return string(b[:min(len(b), 63)])
+}
+
+func slotChars(s string) []byte {
+	b := []byte(strings.ToLower(s))
 	for i, c := range b {
 		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
 			b[i] = '_'
 		}
 	}
-	if len(b) > 63 {
-		b = b[:63]
-	}
-	return string(b)
+	return b
 }
 
 // ErrSlotBusy is returned (wrapped) when another session reads the slot:
@@ -70,6 +129,16 @@ var ErrSlotBusy = errors.New("replication slot is in use by another relay")
 
 // ErrNoSlot is returned (wrapped) when the slot does not exist.
 var ErrNoSlot = errors.New("replication slot does not exist")
+
+// ErrSlotOfOtherDatabase is returned (wrapped) when a slot of the name
+// exists but decodes another database: slot names are shared by every
+// database of a server.
+var ErrSlotOfOtherDatabase = errors.New("replication slot belongs to another database")
+
+func otherDatabase(slot, db string) error {
+	return fmt.Errorf("%w: slot %s decodes database %q, not this one; set relay.log.slot to a name of its own (the default includes the database)",
+		ErrSlotOfOtherDatabase, slot, db)
+}
 
 // Check verifies what the log relay needs from the server and the role
 // before it starts: wal_level logical, and the REPLICATION attribute. The
@@ -141,7 +210,7 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	if err != nil {
 		return c, err
 	}
-	if s, err = s.WithDefaults(cfg); err != nil {
+	if s, err = s.Resolve(ctx, pool, cfg); err != nil {
 		return c, err
 	}
 	if err := Check(ctx, pool); err != nil {
@@ -156,6 +225,9 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		return c, err
 	}
 	if st.Exists {
+		if !st.InThisDatabase {
+			return c, fmt.Errorf("create slot: %w", otherDatabase(s.Name, st.Database))
+		}
 		if st.Plugin != "pgoutput" {
 			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
 		}
@@ -239,15 +311,20 @@ func createPublication(ctx context.Context, pool *pgxpool.Pool, s Slot, table st
 // the slot loses its position: events committed since the last confirmed
 // one are not relayed by a slot created later.
 func DropSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) error {
-	s, err := s.WithDefaults(cfg)
+	s, err := s.Resolve(ctx, pool, cfg)
 	if err != nil {
 		return err
 	}
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", s.Name).Scan(&exists); err != nil {
+	var db *string
+	var here bool
+	err = pool.QueryRow(ctx, "SELECT database, database = current_database() FROM pg_replication_slots WHERE slot_name = $1", s.Name).Scan(&db, &here)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("look up slot %s: %w", s.Name, err)
 	}
-	if exists {
+	if err == nil && !here {
+		return fmt.Errorf("drop slot: %w", otherDatabase(s.Name, deref(db)))
+	}
+	if err == nil {
 		if err := dropSlot(ctx, pool, s.Name); err != nil {
 			return err
 		}
@@ -274,11 +351,15 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, name string) error {
 type SlotStatus struct {
 	Slot, Publication string
 	Exists            bool // the slot exists
-	Plugin            string
-	Active            bool  // a relay is reading it
-	ActivePID         int32 // its walsender's process id
-	ConfirmedFlush    string
-	RestartLSN        string
+	// Database is the database the slot decodes; InThisDatabase says it
+	// is the one the pool connects to.
+	Database       string
+	InThisDatabase bool
+	Plugin         string
+	Active         bool  // a relay is reading it
+	ActivePID      int32 // its walsender's process id
+	ConfirmedFlush string
+	RestartLSN     string
 	// LagBytes is the WAL between the server's current position and the
 	// slot's confirmed position: what the relays have not confirmed yet.
 	LagBytes int64
@@ -299,25 +380,27 @@ type SlotStatus struct {
 // Inspect reads the slot's status. A missing slot is not an error:
 // Exists is false.
 func Inspect(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) (SlotStatus, error) {
-	s, err := s.WithDefaults(cfg)
+	s, err := s.Resolve(ctx, pool, cfg)
 	if err != nil {
 		return SlotStatus{}, err
 	}
 	st := SlotStatus{Slot: s.Name, Publication: s.Publication}
 	var pid *int32
-	var confirmed, restart, walStatus *string
+	var confirmed, restart, walStatus, db *string
 	var lag, retained, safe *int64
 	err = pool.QueryRow(ctx, `
 SELECT plugin, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
        (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
-       wal_status, safe_wal_size
-FROM pg_replication_slots WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.Active, &pid, &confirmed, &restart, &lag, &retained, &walStatus, &safe)
+       wal_status, safe_wal_size, database, database IS NOT DISTINCT FROM current_database()
+FROM pg_replication_slots WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.Active, &pid, &confirmed, &restart, &lag, &retained, &walStatus, &safe,
+		&db, &st.InThisDatabase)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return st, fmt.Errorf("inspect slot %s: %w", s.Name, err)
 	default:
 		st.Exists = true
+		st.Database = deref(db)
 		st.ActivePID = deref(pid)
 		st.ConfirmedFlush, st.RestartLSN, st.WALStatus = deref(confirmed), deref(restart), deref(walStatus)
 		st.LagBytes, st.RetainedBytes = deref(lag), deref(retained)

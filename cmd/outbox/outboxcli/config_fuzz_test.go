@@ -92,7 +92,13 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 	sql = append(sql, grants...)
 
 	// Longest first, so a schema-qualified name goes before its parts.
+	literal := func(v string) string { return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(v) + "'" }
 	quoted := []string{
+		// Migration 9's literals: the message prefix, the schema and table.
+		literal("outbox:" + sc.Schema + "." + sc.Table),
+		literal(sc.Schema),
+		literal(sc.Table),
+		pgx.Identifier{sc.Schema, sc.Table + "_log_write"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_migrations"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_id_seq"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.ProcessedTable}.Sanitize(),

@@ -46,6 +46,11 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 	lo := e.cfg.LogRelayOptions(e.log.With("path", "log"), obs)
 	lo.HandedOff = tableRelay.Wake
 	lo.ApplicationName = fmt.Sprintf("%s log", relayAppName)
+	// The default slot name depends on the database: resolved here, so
+	// the log line and the slot metrics name the slot the relay reads.
+	if lo.Slot, err = lo.Slot.Resolve(ctx, pool, st.Config()); err != nil {
+		return err
+	}
 	logRelay, err := walrelay.New(pool, pub, lo)
 	if err != nil {
 		return usageError(err)
@@ -140,7 +145,7 @@ func slotCmd() *cobra.Command {
 		Short: "Create, inspect or drop the log relay's replication slot and publication",
 		Long: "slot manages what relay.mode log reads: a logical replication slot (pgoutput) and a\n" +
 			"publication of the outbox table's inserts. Names come from relay.log.slot and\n" +
-			"relay.log.publication (default outbox_<schema>_<table>). The role needs REPLICATION, and\n" +
+			"relay.log.publication (default outbox_<database>_<schema>_<table>). The role needs REPLICATION, and\n" +
 			"ownership of the table to create the publication.",
 	}
 	cmd.AddCommand(
@@ -158,7 +163,10 @@ func slotCmd() *cobra.Command {
 					if err != nil {
 						return err
 					}
-					s, _ := o.Slot.WithDefaults(st.Config())
+					s, err := o.Slot.Resolve(ctx, st.Pool(), st.Config())
+					if err != nil {
+						return err
+					}
 					fmt.Fprintf(cmd.OutOrStdout(), "slot %s: %s\npublication %s: %s\nrows handed to the table path: %d\n",
 						s.Name, createdWord(c.Slot), s.Publication, createdWord(c.Publication), c.HandedOff)
 					return nil
