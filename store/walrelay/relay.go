@@ -392,9 +392,6 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
-	// Reading the slot: an earlier session's failure (such as the slot
-	// missing before the relay created it) is over.
-	r.failure.Store(nil)
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_over_aggregates", len(s.diverted))
 	return true, s.run(ctx)
 }
