@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +18,7 @@ import (
 type statements struct {
 	markDone   string // published rows, dispatched
 	dispatched string // which of some rows this session sees dispatched
+	handedOver string // whether a row (by event id) was handed over or dispatched
 	diverted   string // aggregates with pending handed-off rows
 	pendingAgg string // whether one aggregate has some
 	handRow    string // a row of the table to the table path: pending, or held with a reason
@@ -30,6 +32,7 @@ func newStatements(cfg store.Config) statements {
 	return statements{
 		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
 		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
+		handedOver: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
 		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
 		// Held rows get the table relay's marks of a permanent failure;
@@ -37,12 +40,19 @@ func newStatements(cfg store.Config) statements {
 		// (a row written without migration 7's trigger).
 		// A row with a reason and a retry time ($3) failed transiently:
 		// it is retried then ($4 attempts), not held.
+		// A row handed over for the first time takes a fresh seq: the
+		// table path publishes an aggregate's rows in seq order, and
+		// seqs are taken at insert, not at commit, so only hand-over order
+		// (the stream's, which is commit order) keeps an aggregate's
+		// handed-over events in commit order, rows and messages alike.
 		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
+    seq = CASE WHEN handoff_at IS NULL THEN nextval(pg_get_serial_sequence(` + literal(t) + `, 'seq')) ELSE seq END,
     attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE $4::int END,
     last_error = COALESCE($2, last_error),
     retry_at = CASE WHEN $2::text IS NULL THEN COALESCE(retry_at, deliver_at) ELSE COALESCE($3::timestamptz, 'infinity') END,
     failed_at = CASE WHEN $2::text IS NULL THEN failed_at ELSE now() END
-WHERE seq = $1 AND dispatched_at IS NULL`,
+WHERE seq = $1 AND dispatched_at IS NULL
+RETURNING seq`,
 		// ON CONFLICT: a relay that crashed after the insert and before
 		// confirming reads the event again. A pending event waits for its
 		// deliver_at, as the table's trigger would have it.
@@ -141,19 +151,24 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 	if it.row {
 		// As in mark: the row may not be visible yet.
 		for attempt := 0; ; attempt++ {
-			tag, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts)
-			if err != nil {
+			var seq int64
+			err := pool.QueryRow(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts).Scan(&seq)
+			if err == nil {
+				it.ev.Seq = seq // its seq in the table from now on
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 			}
-			if tag.RowsAffected() == 1 || attempt >= 50 {
+			if attempt >= 50 {
 				return nil
 			}
 			var seen bool
-			if err := pool.QueryRow(ctx, `SELECT EXISTS (`+q.dispatched+`)`, []int64{it.ev.Seq}).Scan(&seen); err != nil {
+			if err := pool.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen); err != nil {
 				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 			}
 			if seen {
-				return nil // dispatched already: a replay
+				return nil // handed over (under a new seq) or dispatched already: a replay
 			}
 			if !sleep(ctx, time.Duration(1+attempt)*4*time.Millisecond) {
 				return ctx.Err()
@@ -217,6 +232,9 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 	}
 	return nil
 }
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // nullable is s, or NULL when empty.
 func nullable(s string) *string {
