@@ -627,6 +627,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		s.relations[m.RelationID] = m
 	case *pglogrepl.BeginMessage:
 		s.txn = s.tracker.begin()
+		s.txn.xid = m.Xid
 		s.commitTime = m.CommitTime
 	case *pglogrepl.CommitMessage:
 		if s.txn == nil {
@@ -796,7 +797,7 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 			"aggregate_id", it.ev.AggregateID, "type", it.ev.Type, "error", reason)
 	}
 	_, ok := retry(ctx, s, "hand event to the table", func() (struct{}, error) {
-		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, it, reason)
+		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, s.r.log, it, reason)
 	})
 	if !ok {
 		return false
@@ -865,9 +866,8 @@ func (s *stream) refreshDiverted(ctx context.Context) {
 // then counts them done.
 func (s *stream) marker(ctx context.Context) {
 	batch := make([]*item, 0, s.r.opts.MarkBatch)
-	seqs := make([]int64, 0, s.r.opts.MarkBatch)
 	for {
-		batch, seqs = batch[:0], seqs[:0]
+		batch = batch[:0]
 		select {
 		case <-ctx.Done():
 			return
@@ -883,12 +883,9 @@ func (s *stream) marker(ctx context.Context) {
 				break more
 			}
 		}
-		for _, it := range batch {
-			seqs = append(seqs, it.ev.Seq)
-		}
 		start := time.Now()
 		missing, ok := retry(ctx, s, "mark events dispatched", func() (int, error) {
-			return s.r.sql.mark(ctx, s.r.pool, seqs)
+			return s.r.sql.mark(ctx, s.r.pool, s.r.log, batch)
 		})
 		if !ok {
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ type statements struct {
 	markDone   string // published rows, dispatched
 	dispatched string // which of some rows this session sees dispatched
 	handedOver string // whether a row (by event id) was handed over or dispatched
+	visible    string // which of some transactions this session sees
 	diverted   string // aggregates with pending handed-off rows
 	pendingAgg string // whether one aggregate has some
 	handRow    string // a row of the table to the table path: pending, or held with a reason
@@ -33,6 +35,11 @@ func newStatements(cfg store.Config) statements {
 		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
 		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
 		handedOver: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
+		// The 32-bit xids the stream gives, widened to the xid8 nearest
+		// the snapshot's xmax.
+		visible: `SELECT x FROM unnest($1::bigint[]) AS x, pg_current_snapshot() AS s,
+    LATERAL (SELECT pg_snapshot_xmax(s)::text::bigint AS xmax) m
+WHERE pg_visible_in_snapshot((m.xmax + (x - m.xmax % 4294967296 + 6442450944) % 4294967296 - 2147483648)::text::xid8, s)`,
 		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
 		// Held rows get the table relay's marks of a permanent failure;
@@ -73,50 +80,99 @@ ON CONFLICT (event_id) DO NOTHING`,
 	}
 }
 
-// mark marks the rows seqs dispatched. The stream can deliver a commit a
-// moment before the transaction is visible to other sessions (its commit
-// record is written before it leaves the proc array), so a row the
-// update misses is looked for: one seen dispatched was dispatched already
-// (a replay); any other is marked again after a short wait, since it may
-// have become visible only after the update's snapshot. A row not found
-// dispatched after about 5s is gone (retention deleted it after an
-// earlier dispatch) and counts as done.
-func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, seqs []int64) (missing int, err error) {
-	pending := seqs
-	for attempt := 0; ; attempt++ {
-		rows, err := pool.Query(ctx, q.markDone, pending)
+// mark marks the published rows items dispatched; gone counts those
+// found neither pending nor dispatched: deleted since (see settle).
+func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, items []*item) (gone int, err error) {
+	return q.settle(ctx, pool, log, "mark events dispatched", items, func(pending []*item) ([]*item, error) {
+		seqs := make([]int64, len(pending))
+		for i, it := range pending {
+			seqs[i] = it.ev.Seq
+		}
+		rows, err := pool.Query(ctx, q.markDone, seqs)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return 0, err
+		if err != nil || len(done) == len(seqs) {
+			return nil, err
 		}
-		if len(done) == len(pending) {
-			return 0, nil
-		}
-		pending = without(pending, done)
-		rows, err = pool.Query(ctx, q.dispatched, pending)
+		// A row seen dispatched was dispatched already: a replay.
+		rows, err = pool.Query(ctx, q.dispatched, without(seqs, done))
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		pending = without(pending, seen)
+		left := map[int64]bool{}
+		for _, s := range without(without(seqs, done), seen) {
+			left[s] = true
+		}
+		var missed []*item
+		for _, it := range pending {
+			if left[it.ev.Seq] {
+				missed = append(missed, it)
+			}
+		}
+		return missed, nil
+	})
+}
+
+// settle applies a write to rows read from the stream until each is
+// applied or known gone; apply returns the rows it missed. The stream can
+// deliver a commit before the transaction is visible to other sessions
+// (its commit record is flushed before it leaves the proc array, and with
+// synchronous replication it stays invisible until a standby confirms
+// it), so a missed row is tried again, for as long as that takes. It is
+// gone (deleted since, as retention deletes rows dispatched earlier) only
+// when apply misses it after its transaction was seen visible. Never
+// giving up keeps the slot's position from passing an event nobody
+// recorded.
+func (q statements) settle(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, what string, items []*item,
+	apply func(pending []*item) ([]*item, error)) (gone int, err error) {
+	pending := items
+	visible := map[uint32]bool{} // transactions seen visible before the last apply
+	start, warned := time.Now(), false
+	for attempt := 0; ; attempt++ {
+		missed, err := apply(pending)
+		if err != nil {
+			return gone, err
+		}
+		pending = pending[:0:0]
+		for _, it := range missed {
+			if visible[it.txn.xid] {
+				gone++
+			} else {
+				pending = append(pending, it)
+			}
+		}
 		if len(pending) == 0 {
-			return 0, nil
+			return gone, nil
 		}
-		if attempt >= 50 {
-			return len(pending), nil
+		if !warned && time.Since(start) > 5*time.Second {
+			warned = true
+			log.Warn("log relay: "+what+": rows not visible yet; waiting for their transactions to become visible (a synchronous standby that does not confirm holds them)",
+				"rows", len(pending), "first_seq", pending[0].ev.Seq, "xid", pending[0].txn.xid, "waited", time.Since(start).Round(time.Millisecond))
 		}
-		t := time.NewTimer(time.Duration(1+attempt) * 4 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return 0, ctx.Err()
-		case <-t.C:
+		xids := make([]int64, len(pending))
+		for i, it := range pending {
+			xids[i] = int64(it.txn.xid)
+		}
+		rows, err := pool.Query(ctx, q.visible, xids)
+		if err != nil {
+			return gone, err
+		}
+		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return gone, err
+		}
+		clear(visible)
+		for _, x := range seen {
+			visible[uint32(x)] = true
+		}
+		if !sleep(ctx, min(time.Duration(1+attempt)*4*time.Millisecond, time.Second)) {
+			return gone, ctx.Err()
 		}
 	}
 }
@@ -137,7 +193,7 @@ func without(all, some []int64) []int64 {
 
 // handoff records it in the table for the table path: held with reason,
 // or pending when reason is nil.
-func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, reason error) error {
+func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, it *item, reason error) error {
 	var why *string
 	var retryAt *time.Time
 	attempts := 1
@@ -150,30 +206,26 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 	}
 	if it.row {
 		// As in mark: the row may not be visible yet.
-		for attempt := 0; ; attempt++ {
+		_, err := q.settle(ctx, pool, log, "hand event to the table", []*item{it}, func([]*item) ([]*item, error) {
 			var seq int64
 			err := pool.QueryRow(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts).Scan(&seq)
 			if err == nil {
 				it.ev.Seq = seq // its seq in the table from now on
-				return nil
+				return nil, nil
 			}
 			if !errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
-			}
-			if attempt >= 50 {
-				return nil
+				return nil, err
 			}
 			var seen bool
-			if err := pool.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen); err != nil {
-				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+			if err := pool.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen); err != nil || seen {
+				return nil, err // seen: handed over (under a new seq) or dispatched already, a replay
 			}
-			if seen {
-				return nil // handed over (under a new seq) or dispatched already: a replay
-			}
-			if !sleep(ctx, time.Duration(1+attempt)*4*time.Millisecond) {
-				return ctx.Err()
-			}
+			return []*item{it}, nil
+		})
+		if err != nil {
+			return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 		}
+		return nil
 	}
 	if it.bad == nil {
 		var headers *string

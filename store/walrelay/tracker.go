@@ -17,6 +17,7 @@ type tracker struct {
 }
 
 type txn struct {
+	xid       uint32        // its transaction id, from the begin message
 	end       pglogrepl.LSN // end of the commit record; set at commit
 	committed bool          // the commit message has arrived
 	remaining int           // events not done yet
