@@ -526,6 +526,11 @@ func (s *stream) run(ctx context.Context) error {
 		msg, err := s.conn.ReceiveMessage(rctx)
 		rcancel()
 		if err != nil {
+			if ctx.Err() != nil {
+				// Stopped while waiting for the server: the connection
+				// is still good (only the wait was cut short).
+				return s.drain()
+			}
 			if pgconn.Timeout(err) {
 				if since := time.Since(lastRecv); since > o.ReceiveTimeout {
 					return fmt.Errorf("no message from the server for %s (limit %s): connection presumed dead", since.Round(time.Millisecond), o.ReceiveTimeout)
