@@ -2,11 +2,15 @@ package walrelay_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
 )
 
@@ -65,3 +69,33 @@ func TestStopWhileReceivingDrainsAndConfirms(t *testing.T) {
 		t.Errorf("the next relay republished %d events: the stop confirmed nothing", n)
 	}
 }
+
+// A broker that takes nothing, behind a publisher that cannot ask it
+// (wm.New without WithPing), is an outage: the failing events stay in
+// place, holding the slot's position, and nothing is moved to the table.
+// wm.New's Ping used to answer nil, so the relay read the outage as "the
+// broker answers" and handed every event over after HandOffAfter tries.
+func TestOutageBehindPublisherThatCannotPing(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	o := e.opts()
+	o.HandOffAfter = 3
+	e.startTablePath(&recorder{}, &o)
+	r := e.start(wm.New(refusing{}, &brokers.Routing{Fixed: "t"}, nil), o)
+	waitFor(t, 10*time.Second, "the relay to hold the slot", r.r.Holding)
+	e.write(true, uuid.NewString(), 0, 3)
+	e.write(false, uuid.NewString(), 0, 3)
+	// RetryBackoff 5ms doubling to 50ms: 2s is well past 3 attempts each.
+	time.Sleep(2 * time.Second)
+	if n := e.count("handoff_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events handed to the table during a broker outage", n)
+	}
+	if n := r.r.InFlight(); n != 6 {
+		t.Fatalf("%d events in flight, want the 6 written, held in place", n)
+	}
+}
+
+type refusing struct{}
+
+func (refusing) Publish(string, ...*message.Message) error { return errors.New("connection refused") }
+func (refusing) Close() error                              { return nil }
