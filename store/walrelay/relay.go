@@ -58,9 +58,10 @@ type Options struct {
 	// StandbyInterval is how often a relay that waits for the slot tries
 	// to take it over; default 1s.
 	StandbyInterval time.Duration
-	// StatusInterval is how often the relay confirms its position to the
+	// StatusInterval is how often the relay sends its position to the
 	// server and asks for a reply; an idle slot's position advances with
-	// it. Default 1s.
+	// it. A position that moved is confirmed within 100ms (or this, when
+	// shorter) anyway. Default 1s.
 	StatusInterval time.Duration
 	// ReceiveTimeout is how long the relay waits for any message from
 	// the server (each status asks for one) before it counts the
@@ -496,23 +497,39 @@ func (s *stream) run(ctx context.Context) error {
 	wg.Go(func() { s.marker(work) })
 	wg.Go(func() { s.refreshDiverted(work) })
 
+	// A position that moved is confirmed within confirmEvery, not only at
+	// each status: what a kill makes the next relay re-send is what was
+	// done since the last confirmation.
+	confirmEvery := min(o.StatusInterval, 100*time.Millisecond)
 	lastRecv := time.Now()
-	nextStatus := time.Now()
+	nextStatus, nextConfirm := time.Now(), time.Now()
 	for {
 		if ctx.Err() != nil {
 			return s.drain()
 		}
 		now := time.Now()
-		if !now.Before(nextStatus) {
+		switch {
+		case !now.Before(nextStatus):
 			if err := s.sendStatus(true); err != nil {
 				return err
 			}
-			nextStatus = now.Add(o.StatusInterval)
+			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmEvery)
+		case !now.Before(nextConfirm):
+			if pos, _ := s.tracker.position(); pos > s.confirmed {
+				if err := s.sendStatus(false); err != nil {
+					return err
+				}
+			}
+			nextConfirm = now.Add(confirmEvery)
+		}
+		wake := nextStatus
+		if nextConfirm.Before(wake) {
+			wake = nextConfirm
 		}
 		if s.full() {
 			// Back-pressure: read nothing until an event is done; keep
 			// confirming so the server keeps the connection.
-			t := time.NewTimer(time.Until(nextStatus))
+			t := time.NewTimer(time.Until(wake))
 			select {
 			case <-s.freed:
 			case <-t.C:
@@ -522,7 +539,7 @@ func (s *stream) run(ctx context.Context) error {
 			lastRecv = time.Now()
 			continue
 		}
-		rctx, rcancel := context.WithDeadline(ctx, nextStatus)
+		rctx, rcancel := context.WithDeadline(ctx, wake)
 		msg, err := s.conn.ReceiveMessage(rctx)
 		rcancel()
 		if err != nil {
