@@ -309,6 +309,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			if errors.Is(err, ErrNoSlot) {
 				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
 			}
+			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) {
+				r.obs.Errored("replication", err)
+				r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
+				return fmt.Errorf("log relay: %w", err)
+			}
 			failures++
 			wait = r.opts.ErrorBackoff.Delay(failures - 1)
 			r.obs.Errored("replication", err)
@@ -347,6 +352,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	if err := r.checkPublication(sctx); err != nil {
+		return false, err
+	}
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
 	if s.diverted, err = r.loadDiverted(sctx); err != nil {
 		return false, err
@@ -364,6 +372,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 				return false, fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
 			case "42704": // undefined_object
 				return false, fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+			case "55000": // object_not_in_prerequisite_state
+				if strings.Contains(pgErr.Message, "can no longer get changes") {
+					return false, fmt.Errorf("%w: slot %s: %s (%s); recreate it with `outbox slot drop` and `outbox slot create`",
+						ErrSlotLost, r.opts.Slot.Name, pgErr.Message, pgErr.Detail)
+				}
 			}
 		}
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
@@ -380,9 +393,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 // resumes.
 func (r *Relay) slotPosition(ctx context.Context) (pglogrepl.LSN, error) {
 	var plugin string
-	var lsn *string
-	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots
-WHERE slot_name = $1 AND database = current_database()`, r.opts.Slot.Name).Scan(&plugin, &lsn)
+	var lsn, walStatus *string
+	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text, wal_status FROM pg_replication_slots
+WHERE slot_name = $1 AND database = current_database()`, r.opts.Slot.Name).Scan(&plugin, &lsn, &walStatus)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: slot %s in this database", ErrNoSlot, r.opts.Slot.Name)
 	}
@@ -392,10 +405,36 @@ WHERE slot_name = $1 AND database = current_database()`, r.opts.Slot.Name).Scan(
 	if plugin != "pgoutput" {
 		return 0, fmt.Errorf("slot %s uses plugin %s, not pgoutput", r.opts.Slot.Name, plugin)
 	}
+	if walStatus != nil && *walStatus == "lost" {
+		return 0, fmt.Errorf("%w: slot %s has wal_status lost (it fell behind max_slot_wal_keep_size and the server removed WAL it needed); "+
+			"events committed after its confirmed position %s may never be relayed: find them (rows: outbox status; log-only events are gone with the WAL), "+
+			"then recreate the slot with `outbox slot drop` and `outbox slot create`, which hands pending rows to the table path",
+			ErrSlotLost, r.opts.Slot.Name, deref(lsn))
+	}
 	if lsn == nil {
 		return 0, fmt.Errorf("slot %s has no confirmed position", r.opts.Slot.Name)
 	}
 	return pglogrepl.ParseLSN(*lsn)
+}
+
+// checkPublication fails with ErrNotPublished unless the slot's
+// publication publishes inserts into the outbox table.
+func (r *Relay) checkPublication(ctx context.Context) error {
+	var ok bool
+	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname
+WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)`,
+		r.opts.Slot.Publication, r.opts.Store.Schema, r.opts.Store.Table).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("check publication %s: %w", r.opts.Slot.Publication, err)
+	}
+	if !ok {
+		table := pgx.Identifier{r.opts.Store.Schema, r.opts.Store.Table}.Sanitize()
+		return fmt.Errorf("%w: publication %s does not publish inserts into %s, so the slot's stream carries none of its rows: "+
+			"restore it (ALTER PUBLICATION %s ADD TABLE %s, publish 'insert'); rows inserted meanwhile are not in the stream: "+
+			"recreating the slot (`outbox slot drop`, `outbox slot create`) hands pending rows to the table path",
+			ErrNotPublished, r.opts.Slot.Publication, table, pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), table)
+	}
+	return nil
 }
 
 // loadDiverted lists the aggregates with pending handed-off rows, whose
@@ -510,6 +549,20 @@ func (s *stream) run(ctx context.Context) error {
 		now := time.Now()
 		switch {
 		case !now.Before(nextStatus):
+			// The publication can change under a running relay: checked
+			// with each status, so it is noticed within one.
+			qctx, qcancel := context.WithTimeout(ctx, o.StatusInterval)
+			err := s.r.checkPublication(qctx)
+			qcancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return s.drain()
+				}
+				if errors.Is(err, ErrNotPublished) {
+					return err
+				}
+				s.r.log.Warn("log relay: check publication failed", "error", err)
+			}
 			if err := s.sendStatus(true); err != nil {
 				return err
 			}

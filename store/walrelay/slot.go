@@ -71,6 +71,18 @@ var ErrSlotBusy = errors.New("replication slot is in use by another relay")
 // ErrNoSlot is returned (wrapped) when the slot does not exist.
 var ErrNoSlot = errors.New("replication slot does not exist")
 
+// ErrSlotLost is returned (wrapped) by Run when the server invalidated the
+// slot (wal_status lost: it fell behind max_slot_wal_keep_size and the
+// WAL it needed is gone). Retrying cannot fix it, and events committed
+// after its confirmed position may never be relayed.
+var ErrSlotLost = errors.New("replication slot is invalidated")
+
+// ErrNotPublished is returned (wrapped) by Run when the slot's publication
+// does not publish the outbox table's inserts (dropped, the table removed
+// from it, or inserts not published): the stream then carries none of its
+// rows, and the slot's position would move past them.
+var ErrNotPublished = errors.New("publication does not publish the outbox table's inserts")
+
 // Check verifies what the log relay needs from the server and the role
 // before it starts: wal_level logical, and the REPLICATION attribute. The
 // error says what to change.
