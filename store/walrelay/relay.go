@@ -215,7 +215,7 @@ func New(pool *pgxpool.Pool, pub core.Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new log relay: %w", err)
 	}
-	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: newStatements(o.Store)}, nil
+	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: newStatements(o.Store, o.Slot)}, nil
 }
 
 // Options returns the relay's options with defaults filled in.
@@ -356,9 +356,6 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
-	if s.diverted, err = r.loadDiverted(sctx); err != nil {
-		return false, err
-	}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
 	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
@@ -380,6 +377,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 			}
 		}
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
+	}
+	// Listed only once the slot is this session's (see asHolder): a
+	// relay that held it before can have handed over events until then.
+	if s.diverted, err = r.loadDiverted(sctx); err != nil {
+		return false, err
 	}
 	cancel()
 	r.advanced.Store(time.Now().UnixNano())
@@ -439,7 +441,8 @@ WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)
 
 // loadDiverted lists the aggregates with pending handed-off rows, whose
 // later events must follow them through the table. It waits for a
-// CreateSlot that is still handing rows over.
+// CreateSlot that is still handing rows over, and for the hand-overs in
+// progress of the relay that held the slot before (see asHolder).
 func (r *Relay) loadDiverted(ctx context.Context) (map[string]bool, error) {
 	out := map[string]bool{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
@@ -872,7 +875,7 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 			"aggregate_id", it.ev.AggregateID, "type", it.ev.Type, "error", reason)
 	}
 	_, ok := retry(ctx, s, "hand event to the table", func() (struct{}, error) {
-		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, s.r.log, it, reason)
+		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, s.r.log, s.conn.PID(), it, reason)
 	})
 	if !ok {
 		return false

@@ -7,8 +7,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
@@ -21,12 +25,14 @@ import (
 // gone at once. The uncommitted transaction stands in for the invisible
 // commit: the relay sees neither its row nor its xid.
 func TestMarkAndHandOffWaitForInvisibleRows(t *testing.T) {
+	pgtest.Logical(t)
 	pool, cfg := pgtest.Schema(t)
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := newStatements(cfg)
+	slot, pid := holdSlot(t, pool, cfg)
+	q := newStatements(cfg, slot)
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
@@ -60,7 +66,7 @@ VALUES (gen_random_uuid(), $1, 'order.placed', '{}') RETURNING seq, event_id::te
 		marked <- result{gone, err, time.Now()}
 	}()
 	go func() {
-		err := q.handoff(ctx, pool, log, toHand, nil)
+		err := q.handoff(ctx, pool, log, pid, toHand, nil)
 		handed <- result{0, err, time.Now()}
 	}()
 	// 7s: past the old 5s give-up with room for a loaded machine.
@@ -104,4 +110,39 @@ VALUES (gen_random_uuid(), $1, 'order.placed', '{}') RETURNING seq, event_id::te
 	if err != nil || gone != 1 || time.Since(start) > 3*time.Second {
 		t.Errorf("mark of a deleted row: %d gone, %v after %s; want 1 at once", gone, err, time.Since(start))
 	}
+}
+
+// holdSlot creates the outbox's slot and reads it over a replication
+// connection of its own, returning the slot and that walsender's pid.
+func holdSlot(t *testing.T, pool *pgxpool.Pool, cfg store.Config) (Slot, uint32) {
+	t.Helper()
+	ctx := context.Background()
+	slot, err := Slot{}.WithDefaults(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CreateSlot(ctx, pool, cfg, slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DropSlot(context.Background(), pool, cfg, slot) })
+	conn := startReading(t, pool, slot)
+	return slot, conn.PID()
+}
+
+// startReading opens a replication connection and starts reading slot.
+func startReading(t *testing.T, pool *pgxpool.Pool, slot Slot) *pgconn.PgConn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := replicationConn(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	err = pglogrepl.StartReplication(ctx, conn, slot.Name, 0, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication, PluginArgs: []string{"proto_version '1'", "publication_names '" + slot.Publication + "'"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

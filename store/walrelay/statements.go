@@ -17,6 +17,7 @@ import (
 
 // statements are the relay's writes to the outbox table.
 type statements struct {
+	slot, lockKey string // the slot's name and advisory lock (see asHolder)
 	markDone   string // published rows, dispatched
 	dispatched string // which of some rows this session sees dispatched
 	handedOver string // whether a row (by event id) was handed over or dispatched
@@ -28,10 +29,11 @@ type statements struct {
 	insertBad  string // a message that cannot be read as an event, held
 }
 
-func newStatements(cfg store.Config) statements {
+func newStatements(cfg store.Config, slot Slot) statements {
 	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return statements{
+		slot: slot.Name, lockKey: lockKey(slot),
 		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
 		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
 		handedOver: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
@@ -191,9 +193,53 @@ func without(all, some []int64) []int64 {
 	return out
 }
 
+// errNotHolder is a hand-over refused because this session's walsender no
+// longer holds the slot.
+var errNotHolder = errors.New("this relay no longer holds the slot (another relay took it over): it hands nothing to the table")
+
+// asHolder runs f in a transaction that holds the slot's lock, shared,
+// and only while the walsender pid holds the slot. A relay that took the
+// slot over lists the handed-over aggregates under that lock held
+// exclusively, after its START_REPLICATION: so every hand-over of the
+// relay before it either committed before that list was read, or finds
+// the slot held by another walsender and is refused. A relay cut off from
+// the server, still running, cannot hand an event over behind the new
+// holder's back, which would then publish its aggregate's later events
+// from the log ahead of it.
+func (q statements) asHolder(ctx context.Context, pool *pgxpool.Pool, pid uint32, f func(tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))", q.lockKey); err != nil {
+			return err
+		}
+		var holds bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)", q.slot, int64(pid)).Scan(&holds); err != nil {
+			return err
+		}
+		if !holds {
+			return errNotHolder
+		}
+		return f(tx)
+	})
+}
+
+// savepoint runs f in a subtransaction: a statement that fails there
+// leaves tx usable.
+func savepoint(ctx context.Context, tx pgx.Tx, f func(tx pgx.Tx) error) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := f(sp); err != nil {
+		_ = sp.Rollback(ctx)
+		return err
+	}
+	return sp.Commit(ctx)
+}
+
 // handoff records it in the table for the table path: held with reason,
-// or pending when reason is nil.
-func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, it *item, reason error) error {
+// or pending when reason is nil; pid is this session's walsender (see
+// asHolder).
+func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, pid uint32, it *item, reason error) error {
 	var why *string
 	var retryAt *time.Time
 	attempts := 1
@@ -208,25 +254,36 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 		// As in mark: the row may not be visible yet.
 		_, err := q.settle(ctx, pool, log, "hand event to the table", []*item{it}, func([]*item) ([]*item, error) {
 			var seq int64
-			err := pool.QueryRow(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts).Scan(&seq)
-			if err == nil {
-				it.ev.Seq = seq // its seq in the table from now on
-				return nil, nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return nil, err
-			}
 			var seen bool
-			if err := pool.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen); err != nil || seen {
-				return nil, err // seen: handed over (under a new seq) or dispatched already, a replay
+			err := q.asHolder(ctx, pool, pid, func(tx pgx.Tx) error {
+				err := tx.QueryRow(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts).Scan(&seq)
+				if !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				// seen: handed over (under a new seq) or dispatched
+				// already, a replay.
+				return tx.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen)
+			})
+			switch {
+			case err != nil:
+				return nil, err
+			case seq != 0:
+				it.ev.Seq = seq // its seq in the table from now on
+			case !seen:
+				return []*item{it}, nil
 			}
-			return []*item{it}, nil
+			return nil, nil
 		})
 		if err != nil {
 			return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 		}
 		return nil
 	}
+	return q.asHolder(ctx, pool, pid, func(tx pgx.Tx) error { return q.insertEvent(ctx, tx, it, why, retryAt, attempts, reason) })
+}
+
+// insertEvent inserts a log-only event into the table (see handoff).
+func (q statements) insertEvent(ctx context.Context, tx pgx.Tx, it *item, why *string, retryAt *time.Time, attempts int, reason error) error {
 	if it.bad == nil {
 		var headers *string
 		if it.ev.Headers != nil {
@@ -246,8 +303,11 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 		if !it.deliverAt.IsZero() {
 			deliverAt = &it.deliverAt
 		}
-		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
-			nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why, retryAt, attempts)
+		err := savepoint(ctx, tx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
+				nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why, retryAt, attempts)
+			return err
+		})
 		var pgErr *pgconn.PgError
 		// Data the table's columns or checks refuse, which DecodeMessage
 		// let through: held as unreadable instead, so the stream never
@@ -273,11 +333,14 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 		agg = &it.ev.AggregateID
 	}
 	why2 := truncate(reason.Error(), 2000)
-	_, err := pool.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2, agg)
+	err := savepoint(ctx, tx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2, agg)
+		return err
+	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && id != nil {
 		// The event_id itself is not a UUID: give the row a new one.
-		_, err = pool.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")", agg)
+		_, err = tx.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")", agg)
 	}
 	if err != nil {
 		return fmt.Errorf("insert unreadable event message into the table: %w", err)
