@@ -18,15 +18,15 @@ import (
 // statements are the relay's writes to the outbox table.
 type statements struct {
 	slot, lockKey string // the slot's name and advisory lock (see asHolder)
-	markDone   string // published rows, dispatched
-	dispatched string // which of some rows this session sees dispatched
-	handedOver string // whether a row (by event id) was handed over or dispatched
-	visible    string // which of some transactions this session sees
-	diverted   string // aggregates with pending handed-off rows
-	pendingAgg string // whether one aggregate has some
-	handRow    string // a row of the table to the table path: pending, or held with a reason
-	insertMsg  string // a log-only event into the table: pending, or held
-	insertBad  string // a message that cannot be read as an event, held
+	markDone      string // published rows, dispatched
+	dispatched    string // which of some rows this session sees dispatched
+	handedOver    string // whether a row (by event id) was handed over or dispatched
+	visible       string // which of some transactions this session sees
+	diverted      string // aggregates with pending handed-off rows
+	pendingAgg    string // whether one aggregate has some
+	handRow       string // a row of the table to the table path: pending, or held with a reason
+	insertMsg     string // a log-only event into the table: pending, or held
+	insertBad     string // a message that cannot be read as an event, held
 }
 
 func newStatements(cfg store.Config, slot Slot) statements {
