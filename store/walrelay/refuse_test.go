@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/brokers/brokertest"
+	"github.com/outboxhq/outbox/core"
 
 	"github.com/outboxhq/outbox/store/walrelay"
 )
@@ -78,5 +83,54 @@ func TestLostSlotIsRefused(t *testing.T) {
 	err = runErr(t, r, 10*time.Second)
 	if !errors.Is(err, walrelay.ErrSlotLost) || !strings.Contains(err.Error(), e.slot.Name) || !strings.Contains(err.Error(), "outbox slot create") {
 		t.Fatalf("Run = %v, want ErrSlotLost naming the slot and the fix", err)
+	}
+}
+
+// The receive deadline stays honest under back-pressure: a broker outage
+// holds reading, and the replication connection goes dead meanwhile
+// (black-holed, so no error ever comes from the socket). When the broker
+// returns and reading resumes, the silence since the last message counts,
+// so the relay drops the connection at its first empty receive instead of
+// a whole ReceiveTimeout later (the clock used to restart with every
+// back-pressured wait, and a connection dead during a long outage
+// looked alive).
+func TestDeadConnectionNoticedAfterBackPressure(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	cut, proxy := proxiedPool(t)
+	var down atomic.Bool
+	down.Store(true)
+	pub := &recorder{fail: func(*core.Event) error {
+		if down.Load() {
+			return errors.New("connection refused")
+		}
+		return nil
+	}}
+	o := e.opts()
+	o.MaxInFlight = 3
+	o.ReceiveTimeout = 4 * time.Second
+	o.HandOffAfter = -1
+	// The server's own 60s: it must not end the connection first (the
+	// proxy would pass that on as an error).
+	o.WALSenderTimeout = -1
+	r := startRelay(t, cut, pub, o)
+	waitFor(t, 10*time.Second, "the relay to hold the slot", r.r.Holding)
+	for i := range 5 {
+		e.write(false, uuid.NewString(), i, 1)
+	}
+	waitFor(t, 10*time.Second, "back-pressure", func() bool { return r.r.InFlight() == 3 })
+	proxy.SetMode(brokertest.BlackHole)
+	time.Sleep(o.ReceiveTimeout + time.Second)
+	up := time.Now()
+	down.Store(false)
+	waitFor(t, 10*time.Second, "the relay to drop the dead connection", func() bool { return !r.r.Holding() })
+	noticed := time.Since(up)
+	proxy.Heal()
+	t.Logf("dead connection dropped %s after reading resumed (receive timeout %s)", noticed.Round(10*time.Millisecond), o.ReceiveTimeout)
+	// The first empty receive comes within confirmEvery (100ms) of the
+	// lanes finishing; 2s leaves a loaded machine room and stays well
+	// under the 4s a restarted clock needs.
+	if noticed > 2*time.Second {
+		t.Fatalf("dead connection noticed %s after reading resumed, want within 2s", noticed)
 	}
 }

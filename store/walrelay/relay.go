@@ -339,7 +339,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	// the first queries waiting forever.
 	sctx, cancel := context.WithTimeout(ctx, r.opts.ReceiveTimeout)
 	defer cancel()
-	conn, err := replicationConn(sctx, r.pool, params)
+	conn, err := replicationConn(sctx, r.pool, params, r.opts.ReceiveTimeout)
 	if err != nil {
 		return false, err
 	}
@@ -592,7 +592,10 @@ func (s *stream) run(ctx context.Context) error {
 			case <-ctx.Done():
 			}
 			t.Stop()
-			lastRecv = time.Now()
+			// lastRecv stays: reading resumes with what the server
+			// sent meanwhile (the replies to these statuses at least),
+			// so a live connection answers at once and a dead one is
+			// noticed at the first receive.
 			continue
 		}
 		rctx, rcancel := context.WithDeadline(ctx, wake)

@@ -133,7 +133,7 @@ func holdSlot(t *testing.T, pool *pgxpool.Pool, cfg store.Config) (Slot, uint32)
 func startReading(t *testing.T, pool *pgxpool.Pool, slot Slot) *pgconn.PgConn {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := replicationConn(ctx, pool, nil)
+	conn, err := replicationConn(ctx, pool, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

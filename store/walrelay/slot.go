@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -112,8 +114,13 @@ func checkWALLevel(level string) error {
 }
 
 // replicationConn opens a logical replication connection with the
-// settings of pool; params are added to its startup parameters.
-func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]string) (*pgconn.PgConn, error) {
+// settings of pool; params are added to its startup parameters. A
+// positive deadTimeout is how long a dead peer may go unnoticed by the
+// socket: TCP keepalives probe an idle connection, and TCP_USER_TIMEOUT
+// ends one whose sent data (the relay's status updates) stays
+// unacknowledged, so a relay back-pressured by its broker, which reads
+// nothing, still finds out that the server or the network is gone.
+func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]string, deadTimeout time.Duration) (*pgconn.PgConn, error) {
 	cc := pool.Config().ConnConfig.Copy()
 	pc := cc.Config.Copy()
 	if pc.RuntimeParams == nil {
@@ -127,7 +134,38 @@ func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]
 	if err != nil {
 		return nil, fmt.Errorf("open replication connection: %w", err)
 	}
+	if deadTimeout > 0 {
+		if err := setDeadTimeout(conn.Conn(), deadTimeout); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("open replication connection: set TCP timeouts: %w", err)
+		}
+	}
 	return conn, nil
+}
+
+// setDeadTimeout sets keepalives and TCP_USER_TIMEOUT (see
+// replicationConn) on c's TCP socket; other sockets (Unix) are left.
+func setDeadTimeout(c net.Conn, d time.Duration) error {
+	for {
+		u, ok := c.(interface{ NetConn() net.Conn }) // TLS
+		if !ok {
+			break
+		}
+		c = u.NetConn()
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	probe := max(d/5, time.Second)
+	if err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 4}); err != nil {
+		return err
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return setUserTimeout(rc, d)
 }
 
 func lockKey(s Slot) string { return "outbox slot " + s.Name }
@@ -184,7 +222,7 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	defer func() {
 		_, _ = lock.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(s))
 	}()
-	repl, err := replicationConn(ctx, pool, nil)
+	repl, err := replicationConn(ctx, pool, nil, 0)
 	if err != nil {
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
