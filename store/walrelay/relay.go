@@ -309,7 +309,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if errors.Is(err, ErrNoSlot) {
 				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
 			}
-			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) {
+			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrMixedModes) {
 				r.obs.Errored("replication", err)
 				r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
 				return fmt.Errorf("log relay: %w", err)
@@ -353,6 +353,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 	if err := r.checkPublication(sctx); err != nil {
+		return false, err
+	}
+	if err := lockLogMode(sctx, conn, r.opts.Store); err != nil {
 		return false, err
 	}
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}

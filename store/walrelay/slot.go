@@ -227,6 +227,11 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
+	// The rows handed over below would be published by table-mode
+	// relays too.
+	if err := otherModeFree(ctx, repl, cfg, "table"); err != nil {
+		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, s.Name, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
 	if err != nil {
