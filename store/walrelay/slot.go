@@ -232,16 +232,19 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	if err := otherModeFree(ctx, repl, cfg, "table"); err != nil {
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, s.Name, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	// The slot is made in two steps so that a crash anywhere loses
+	// nothing: a temporary slot (it goes with this connection) exports the
+	// snapshot, the rows it sees pending are handed over, and only then is
+	// it copied to the permanent slot, from the same position. A crash
+	// before the copy leaves no slot, so the next attempt starts over; a
+	// permanent slot made first would strand those rows if the process
+	// died before handing them over.
+	tmp := fmt.Sprintf("outbox_creating_%d", repl.PID())
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, tmp, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
-			return c, nil
-		}
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
-	c.Slot = true
 	// The exported snapshot lives while the replication connection stays
 	// idle: read the rows it sees, then let it go.
 	var seqs []int64
@@ -258,17 +261,27 @@ WHERE dispatched_at IS NULL AND handoff_at IS NULL`).Scan(&seqs)
 WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`, seqs)
 		c.HandedOff = tag.RowsAffected()
 	}
+	if err == nil && testHookHandedOver != nil {
+		err = testHookHandedOver()
+	}
 	if err != nil {
-		// Without the hand-off those rows would wait forever: drop the
-		// slot so that the next attempt starts over.
-		repl.Close(context.WithoutCancel(ctx))
-		if derr := dropSlot(context.WithoutCancel(ctx), pool, s.Name); derr != nil {
-			err = errors.Join(err, derr)
-		}
 		return Created{Publication: c.Publication}, fmt.Errorf("create slot %s: hand over rows committed before it: %w", s.Name, err)
 	}
+	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
+		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, nil
+	}
+	if err != nil {
+		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	c.Slot = true
 	return c, nil
 }
+
+// testHookHandedOver, when set (by tests), runs after the hand-over and
+// before the permanent slot is made: an error stands for a crash there.
+var testHookHandedOver func() error
 
 func createPublication(ctx context.Context, pool *pgxpool.Pool, s Slot, table string) (bool, error) {
 	var exists bool
