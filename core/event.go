@@ -138,7 +138,11 @@ type Notifier interface {
 }
 
 // Pinger is an optional capability of a Store or Publisher: it reports
-// whether the backing server is reachable, for readiness checks.
+// whether the backing server is reachable, for readiness checks. A Ping
+// that cannot ask its server returns an error wrapping
+// errors.ErrUnsupported: the server then counts as neither up nor down
+// (readiness and the relay's outage probe ignore it; the log relay does
+// not take it for a broker that answers).
 type Pinger interface {
 	Ping(ctx context.Context) error
 }

@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,4 +131,29 @@ func TestResumesSoonAfterStoreReturns(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("publishing again %v after the database answered", time.Since(up).Round(time.Millisecond))
+}
+
+// cannotPing is a publisher that takes everything and cannot ask its
+// broker.
+type cannotPing struct{ sent log }
+
+func (p *cannotPing) Publish(ctx context.Context, e *core.Event) error { p.sent.add(e); return nil }
+func (p *cannotPing) Ping(context.Context) error {
+	return fmt.Errorf("no way to ask: %w", errors.ErrUnsupported)
+}
+func (p *cannotPing) Close() error { return nil }
+
+// A Ping that cannot ask (errors.ErrUnsupported) is no check in Ready and
+// does not hold the relay back as a failed probe would.
+func TestPingUnsupportedIsNeitherUpNorDown(t *testing.T) {
+	s := memstore.New()
+	pub := &cannotPing{}
+	r := startRelay(t, s, pub, core.Options{PollInterval: 10 * time.Millisecond})
+	s.Add(core.Event{AggregateID: "a"})
+	waitFor(t, "the event", func() bool { return len(s.Pending()) == 0 })
+	for _, c := range r.Ready(context.Background()) {
+		if c.Name == "publisher" {
+			t.Errorf("Ready has a publisher check (%v) for a publisher that cannot be asked", c.Err)
+		}
+	}
 }

@@ -32,6 +32,9 @@ func (r *Relay) Ready(ctx context.Context) []Check {
 		}
 		wg.Go(func() {
 			err := p.Ping(ctx)
+			if errors.Is(err, errors.ErrUnsupported) {
+				return // cannot tell: no check
+			}
 			mu.Lock()
 			checks = append(checks, Check{Name: name, Err: err})
 			mu.Unlock()

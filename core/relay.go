@@ -498,7 +498,7 @@ func (r *Relay) probe(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, r.opts.ProbeTimeout)
 		err := p.Ping(pctx)
 		cancel()
-		if err != nil {
+		if err != nil && !errors.Is(err, errors.ErrUnsupported) {
 			return err
 		}
 	}

@@ -48,7 +48,8 @@ func init() {
 
 // New publishes to ch. Close leaves ch open: its owner closes it.
 func New(ch *wmgo.GoChannel, topics *brokers.Routing) core.Publisher {
-	return keepOpen{wm.New(ch, topics, nil)}
+	// In process: the channel is the broker, and it always answers.
+	return keepOpen{wm.New(ch, topics, nil).WithPing(func(context.Context) error { return nil })}
 }
 
 type keepOpen struct{ *wm.Publisher }

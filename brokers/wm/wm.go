@@ -25,10 +25,16 @@ import (
 // returns err itself, or core.Permanent(err).
 type Classifier func(err error) error
 
+// ErrCannotPing is what Ping returns for a publisher from New without
+// WithPing: it wraps errors.ErrUnsupported, so the relays count the
+// broker as neither up nor down, never as answering.
+var ErrCannotPing = fmt.Errorf("publisher from wm.New has no way to ask its broker (see WithPing): %w", errors.ErrUnsupported)
+
 // Publisher publishes events through a Watermill publisher.
 type Publisher struct {
-	pub      message.Publisher // New: the one publisher
-	guard    *guard            // Open: the live link, replaced when it wedges
+	pub      message.Publisher               // New: the one publisher
+	ping     func(ctx context.Context) error // New: asks pub's broker, when set
+	guard    *guard                          // Open: the live link, replaced when it wedges
 	topics   *brokers.Routing
 	classify Classifier
 }
@@ -139,11 +145,25 @@ func aside(ctx context.Context, fn func() error) error {
 	}
 }
 
+// WithPing sets how a publisher from New asks its broker, and returns p.
+// Set it before p is used.
+func (p *Publisher) WithPing(ping func(ctx context.Context) error) *Publisher {
+	p.ping = ping
+	return p
+}
+
 // Ping implements core.Pinger: it checks the broker over the live link,
-// dialing one when the last was torn down. A publisher from New has no
-// broker to ask and always answers nil.
+// dialing one when the last was torn down. A publisher from New asks with
+// the function given to WithPing; without one it cannot ask and returns
+// ErrCannotPing, never a nil that would claim the broker answers.
 func (p *Publisher) Ping(ctx context.Context) error {
 	if p.guard == nil {
+		if p.ping == nil {
+			return ErrCannotPing
+		}
+		if err := aside(ctx, func() error { return contain("ping", func() error { return p.ping(ctx) }) }); err != nil {
+			return fmt.Errorf("ping broker: %w", err)
+		}
 		return nil
 	}
 	if err := p.guard.ping(ctx); err != nil {

@@ -485,7 +485,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{},
 		takeover: map[string][]time.Duration{}}
 	if o.Mode == "log" {
-		sl, err := walrelay.Slot{}.WithDefaults(db.cfg)
+		sl, err := walrelay.Slot{}.Resolve(ctx, db.admin, db.cfg)
 		if err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}

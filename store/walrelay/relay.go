@@ -58,9 +58,10 @@ type Options struct {
 	// StandbyInterval is how often a relay that waits for the slot tries
 	// to take it over; default 1s.
 	StandbyInterval time.Duration
-	// StatusInterval is how often the relay confirms its position to the
+	// StatusInterval is how often the relay sends its position to the
 	// server and asks for a reply; an idle slot's position advances with
-	// it. Default 1s.
+	// it. A position that moved is confirmed within 100ms (or this, when
+	// shorter) anyway. Default 1s.
 	StatusInterval time.Duration
 	// ReceiveTimeout is how long the relay waits for any message from
 	// the server (each status asks for one) before it counts the
@@ -214,7 +215,7 @@ func New(pool *pgxpool.Pool, pub core.Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new log relay: %w", err)
 	}
-	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: newStatements(o.Store)}, nil
+	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: newStatements(o.Store, o.Slot)}, nil
 }
 
 // Options returns the relay's options with defaults filled in.
@@ -326,6 +327,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			if errors.Is(err, ErrNoSlot) {
 				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
 			}
+			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrMixedModes) {
+				r.obs.Errored("replication", err)
+				r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
+				return fmt.Errorf("log relay: %w", err)
+			}
 			failures++
 			wait = r.opts.ErrorBackoff.Delay(failures - 1)
 			r.obs.Errored("replication", err)
@@ -351,7 +357,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	// the first queries waiting forever.
 	sctx, cancel := context.WithTimeout(ctx, r.opts.ReceiveTimeout)
 	defer cancel()
-	conn, err := replicationConn(sctx, r.pool, params)
+	conn, err := replicationConn(sctx, r.pool, params, r.opts.ReceiveTimeout)
 	if err != nil {
 		return false, err
 	}
@@ -364,10 +370,13 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
-	if s.diverted, err = r.loadDiverted(sctx); err != nil {
+	if err := r.checkPublication(sctx); err != nil {
 		return false, err
 	}
+	if err := lockLogMode(sctx, conn, r.opts.Store); err != nil {
+		return false, err
+	}
+	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
 	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
@@ -381,9 +390,19 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 				return false, fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
 			case "42704": // undefined_object
 				return false, fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+			case "55000": // object_not_in_prerequisite_state
+				if strings.Contains(pgErr.Message, "can no longer get changes") {
+					return false, fmt.Errorf("%w: slot %s: %s (%s); recreate it with `outbox slot drop` and `outbox slot create`",
+						ErrSlotLost, r.opts.Slot.Name, pgErr.Message, pgErr.Detail)
+				}
 			}
 		}
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
+	}
+	// Listed only once the slot is this session's (see asHolder): a
+	// relay that held it before can have handed over events until then.
+	if s.diverted, err = r.loadDiverted(sctx); err != nil {
+		return false, err
 	}
 	cancel()
 	// Readiness tells the present: this session streams, so the failure
@@ -400,10 +419,10 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 // resumes.
 func (r *Relay) slotPosition(ctx context.Context) (pglogrepl.LSN, error) {
 	var plugin string
-	var lsn, db *string
+	var lsn, db, walStatus *string
 	var here bool
-	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text, database, database IS NOT DISTINCT FROM current_database()
-FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot.Name).Scan(&plugin, &lsn, &db, &here)
+	err := r.pool.QueryRow(ctx, `SELECT plugin, confirmed_flush_lsn::text, database, database IS NOT DISTINCT FROM current_database(), wal_status
+FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot.Name).Scan(&plugin, &lsn, &db, &here, &walStatus)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("%w: slot %s in this database", ErrNoSlot, r.opts.Slot.Name)
 	}
@@ -416,15 +435,42 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot.Name).Scan(&plugin,
 	if plugin != "pgoutput" {
 		return 0, fmt.Errorf("slot %s uses plugin %s, not pgoutput", r.opts.Slot.Name, plugin)
 	}
+	if walStatus != nil && *walStatus == "lost" {
+		return 0, fmt.Errorf("%w: slot %s has wal_status lost (it fell behind max_slot_wal_keep_size and the server removed WAL it needed); "+
+			"events committed after its confirmed position %s may never be relayed: find them (rows: outbox status; log-only events are gone with the WAL), "+
+			"then recreate the slot with `outbox slot drop` and `outbox slot create`, which hands pending rows to the table path",
+			ErrSlotLost, r.opts.Slot.Name, deref(lsn))
+	}
 	if lsn == nil {
 		return 0, fmt.Errorf("slot %s has no confirmed position", r.opts.Slot.Name)
 	}
 	return pglogrepl.ParseLSN(*lsn)
 }
 
+// checkPublication fails with ErrNotPublished unless the slot's
+// publication publishes inserts into the outbox table.
+func (r *Relay) checkPublication(ctx context.Context) error {
+	var ok bool
+	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname
+WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)`,
+		r.opts.Slot.Publication, r.opts.Store.Schema, r.opts.Store.Table).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("check publication %s: %w", r.opts.Slot.Publication, err)
+	}
+	if !ok {
+		table := pgx.Identifier{r.opts.Store.Schema, r.opts.Store.Table}.Sanitize()
+		return fmt.Errorf("%w: publication %s does not publish inserts into %s, so the slot's stream carries none of its rows: "+
+			"restore it (ALTER PUBLICATION %s ADD TABLE %s, publish 'insert'); rows inserted meanwhile are not in the stream: "+
+			"recreating the slot (`outbox slot drop`, `outbox slot create`) hands pending rows to the table path",
+			ErrNotPublished, r.opts.Slot.Publication, table, pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), table)
+	}
+	return nil
+}
+
 // loadDiverted lists the aggregates with pending handed-off rows, whose
 // later events must follow them through the table. It waits for a
-// CreateSlot that is still handing rows over.
+// CreateSlot that is still handing rows over, and for the hand-overs in
+// progress of the relay that held the slot before (see asHolder).
 func (r *Relay) loadDiverted(ctx context.Context) (map[string]bool, error) {
 	out := map[string]bool{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
@@ -521,36 +567,74 @@ func (s *stream) run(ctx context.Context) error {
 	wg.Go(func() { s.marker(work) })
 	wg.Go(func() { s.refreshDiverted(work) })
 
+	// A position that moved is confirmed within confirmEvery, not only at
+	// each status: what a kill makes the next relay re-send is what was
+	// done since the last confirmation.
+	confirmEvery := min(o.StatusInterval, 100*time.Millisecond)
 	lastRecv := time.Now()
-	nextStatus := time.Now()
+	nextStatus, nextConfirm := time.Now(), time.Now()
 	for {
 		if ctx.Err() != nil {
 			return s.drain()
 		}
 		now := time.Now()
-		if !now.Before(nextStatus) {
+		switch {
+		case !now.Before(nextStatus):
+			// The publication can change under a running relay: checked
+			// with each status, so it is noticed within one.
+			qctx, qcancel := context.WithTimeout(ctx, o.StatusInterval)
+			err := s.r.checkPublication(qctx)
+			qcancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return s.drain()
+				}
+				if errors.Is(err, ErrNotPublished) {
+					return err
+				}
+				s.r.log.Warn("log relay: check publication failed", "error", err)
+			}
 			if err := s.sendStatus(true); err != nil {
 				return err
 			}
-			nextStatus = now.Add(o.StatusInterval)
+			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmEvery)
+		case !now.Before(nextConfirm):
+			if pos, _ := s.tracker.position(); pos > s.confirmed {
+				if err := s.sendStatus(false); err != nil {
+					return err
+				}
+			}
+			nextConfirm = now.Add(confirmEvery)
+		}
+		wake := nextStatus
+		if nextConfirm.Before(wake) {
+			wake = nextConfirm
 		}
 		if s.full() {
 			// Back-pressure: read nothing until an event is done; keep
 			// confirming so the server keeps the connection.
-			t := time.NewTimer(time.Until(nextStatus))
+			t := time.NewTimer(time.Until(wake))
 			select {
 			case <-s.freed:
 			case <-t.C:
 			case <-ctx.Done():
 			}
 			t.Stop()
-			lastRecv = time.Now()
+			// lastRecv stays: reading resumes with what the server
+			// sent meanwhile (the replies to these statuses at least),
+			// so a live connection answers at once and a dead one is
+			// noticed at the first receive.
 			continue
 		}
-		rctx, rcancel := context.WithDeadline(ctx, nextStatus)
+		rctx, rcancel := context.WithDeadline(ctx, wake)
 		msg, err := s.conn.ReceiveMessage(rctx)
 		rcancel()
 		if err != nil {
+			if ctx.Err() != nil {
+				// Stopped while waiting for the server: the connection
+				// is still good (only the wait was cut short).
+				return s.drain()
+			}
 			if pgconn.Timeout(err) {
 				if since := time.Since(lastRecv); since > o.ReceiveTimeout {
 					return fmt.Errorf("no message from the server for %s (limit %s): connection presumed dead", since.Round(time.Millisecond), o.ReceiveTimeout)
@@ -652,6 +736,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		s.relations[m.RelationID] = m
 	case *pglogrepl.BeginMessage:
 		s.txn = s.tracker.begin()
+		s.txn.xid = m.Xid
 		s.commitTime = m.CommitTime
 	case *pglogrepl.CommitMessage:
 		if s.txn == nil {
@@ -821,7 +906,7 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 			"aggregate_id", it.ev.AggregateID, "type", it.ev.Type, "error", reason)
 	}
 	_, ok := retry(ctx, s, "hand event to the table", func() (struct{}, error) {
-		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, it, reason)
+		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, s.r.log, s.conn.PID(), it, reason)
 	})
 	if !ok {
 		return false
@@ -898,9 +983,8 @@ func (s *stream) refreshDiverted(ctx context.Context) {
 // then counts them done.
 func (s *stream) marker(ctx context.Context) {
 	batch := make([]*item, 0, s.r.opts.MarkBatch)
-	seqs := make([]int64, 0, s.r.opts.MarkBatch)
 	for {
-		batch, seqs = batch[:0], seqs[:0]
+		batch = batch[:0]
 		select {
 		case <-ctx.Done():
 			return
@@ -916,12 +1000,9 @@ func (s *stream) marker(ctx context.Context) {
 				break more
 			}
 		}
-		for _, it := range batch {
-			seqs = append(seqs, it.ev.Seq)
-		}
 		start := time.Now()
 		missing, ok := retry(ctx, s, "mark events dispatched", func() (int, error) {
-			return s.r.sql.mark(ctx, s.r.pool, seqs)
+			return s.r.sql.mark(ctx, s.r.pool, s.r.log, batch)
 		})
 		if !ok {
 			return

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -140,6 +142,18 @@ func otherDatabase(slot, db string) error {
 		ErrSlotOfOtherDatabase, slot, db)
 }
 
+// ErrSlotLost is returned (wrapped) by Run when the server invalidated the
+// slot (wal_status lost: it fell behind max_slot_wal_keep_size and the
+// WAL it needed is gone). Retrying cannot fix it, and events committed
+// after its confirmed position may never be relayed.
+var ErrSlotLost = errors.New("replication slot is invalidated")
+
+// ErrNotPublished is returned (wrapped) by Run when the slot's publication
+// does not publish the outbox table's inserts (dropped, the table removed
+// from it, or inserts not published): the stream then carries none of its
+// rows, and the slot's position would move past them.
+var ErrNotPublished = errors.New("publication does not publish the outbox table's inserts")
+
 // Check verifies what the log relay needs from the server and the role
 // before it starts: wal_level logical, and the REPLICATION attribute. The
 // error says what to change.
@@ -169,8 +183,13 @@ func checkWALLevel(level string) error {
 }
 
 // replicationConn opens a logical replication connection with the
-// settings of pool; params are added to its startup parameters.
-func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]string) (*pgconn.PgConn, error) {
+// settings of pool; params are added to its startup parameters. A
+// positive deadTimeout is how long a dead peer may go unnoticed by the
+// socket: TCP keepalives probe an idle connection, and TCP_USER_TIMEOUT
+// ends one whose sent data (the relay's status updates) stays
+// unacknowledged, so a relay back-pressured by its broker, which reads
+// nothing, still finds out that the server or the network is gone.
+func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]string, deadTimeout time.Duration) (*pgconn.PgConn, error) {
 	cc := pool.Config().ConnConfig.Copy()
 	pc := cc.Config.Copy()
 	if pc.RuntimeParams == nil {
@@ -184,7 +203,38 @@ func replicationConn(ctx context.Context, pool *pgxpool.Pool, params map[string]
 	if err != nil {
 		return nil, fmt.Errorf("open replication connection: %w", err)
 	}
+	if deadTimeout > 0 {
+		if err := setDeadTimeout(conn.Conn(), deadTimeout); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("open replication connection: set TCP timeouts: %w", err)
+		}
+	}
 	return conn, nil
+}
+
+// setDeadTimeout sets keepalives and TCP_USER_TIMEOUT (see
+// replicationConn) on c's TCP socket; other sockets (Unix) are left.
+func setDeadTimeout(c net.Conn, d time.Duration) error {
+	for {
+		u, ok := c.(interface{ NetConn() net.Conn }) // TLS
+		if !ok {
+			break
+		}
+		c = u.NetConn()
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	probe := max(d/5, time.Second)
+	if err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 4}); err != nil {
+		return err
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return setUserTimeout(rc, d)
 }
 
 func lockKey(s Slot) string { return "outbox slot " + s.Name }
@@ -244,21 +294,29 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	defer func() {
 		_, _ = lock.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(s))
 	}()
-	repl, err := replicationConn(ctx, pool, nil)
+	repl, err := replicationConn(ctx, pool, nil, 0)
 	if err != nil {
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, s.Name, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
-			return c, nil
-		}
+	// The rows handed over below would be published by table-mode
+	// relays too.
+	if err := otherModeFree(ctx, repl, cfg, "table"); err != nil {
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
-	c.Slot = true
+	// The slot is made in two steps so that a crash anywhere loses
+	// nothing: a temporary slot (it goes with this connection) exports the
+	// snapshot, the rows it sees pending are handed over, and only then is
+	// it copied to the permanent slot, from the same position. A crash
+	// before the copy leaves no slot, so the next attempt starts over; a
+	// permanent slot made first would strand those rows if the process
+	// died before handing them over.
+	tmp := fmt.Sprintf("outbox_creating_%d", repl.PID())
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, tmp, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
 	// The exported snapshot lives while the replication connection stays
 	// idle: read the rows it sees, then let it go.
 	var seqs []int64
@@ -275,17 +333,27 @@ WHERE dispatched_at IS NULL AND handoff_at IS NULL`).Scan(&seqs)
 WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`, seqs)
 		c.HandedOff = tag.RowsAffected()
 	}
+	if err == nil && testHookHandedOver != nil {
+		err = testHookHandedOver()
+	}
 	if err != nil {
-		// Without the hand-off those rows would wait forever: drop the
-		// slot so that the next attempt starts over.
-		repl.Close(context.WithoutCancel(ctx))
-		if derr := dropSlot(context.WithoutCancel(ctx), pool, s.Name); derr != nil {
-			err = errors.Join(err, derr)
-		}
 		return Created{Publication: c.Publication}, fmt.Errorf("create slot %s: hand over rows committed before it: %w", s.Name, err)
 	}
+	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
+		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, nil
+	}
+	if err != nil {
+		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	c.Slot = true
 	return c, nil
 }
+
+// testHookHandedOver, when set (by tests), runs after the hand-over and
+// before the permanent slot is made: an error stands for a crash there.
+var testHookHandedOver func() error
 
 func createPublication(ctx context.Context, pool *pgxpool.Pool, s Slot, table string) (bool, error) {
 	var exists bool

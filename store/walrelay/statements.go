@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,21 +17,31 @@ import (
 
 // statements are the relay's writes to the outbox table.
 type statements struct {
-	markDone   string // published rows, dispatched
-	dispatched string // which of some rows this session sees dispatched
-	diverted   string // aggregates with pending handed-off rows
-	pendingAgg string // whether one aggregate has some
-	handRow    string // a row of the table to the table path: pending, or held with a reason
-	insertMsg  string // a log-only event into the table: pending, or held
-	insertBad  string // a message that cannot be read as an event, held
+	slot, lockKey string // the slot's name and advisory lock (see asHolder)
+	markDone      string // published rows, dispatched
+	dispatched    string // which of some rows this session sees dispatched
+	handedOver    string // whether a row (by event id) was handed over or dispatched
+	visible       string // which of some transactions this session sees
+	diverted      string // aggregates with pending handed-off rows
+	pendingAgg    string // whether one aggregate has some
+	handRow       string // a row of the table to the table path: pending, or held with a reason
+	insertMsg     string // a log-only event into the table: pending, or held
+	insertBad     string // a message that cannot be read as an event, held
 }
 
-func newStatements(cfg store.Config) statements {
+func newStatements(cfg store.Config, slot Slot) statements {
 	t := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return statements{
+		slot: slot.Name, lockKey: lockKey(slot),
 		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
 		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
+		handedOver: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
+		// The 32-bit xids the stream gives, widened to the xid8 nearest
+		// the snapshot's xmax.
+		visible: `SELECT x FROM unnest($1::bigint[]) AS x, pg_current_snapshot() AS s,
+    LATERAL (SELECT pg_snapshot_xmax(s)::text::bigint AS xmax) m
+WHERE pg_visible_in_snapshot((m.xmax + (x - m.xmax % 4294967296 + 6442450944) % 4294967296 - 2147483648)::text::xid8, s)`,
 		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
 		// Held rows get the table relay's marks of a permanent failure;
@@ -37,12 +49,19 @@ func newStatements(cfg store.Config) statements {
 		// (a row written without migration 7's trigger).
 		// A row with a reason and a retry time ($3) failed transiently:
 		// it is retried then ($4 attempts), not held.
+		// A row handed over for the first time takes a fresh seq: the
+		// table path publishes an aggregate's rows in seq order, and
+		// seqs are taken at insert, not at commit, so only hand-over order
+		// (the stream's, which is commit order) keeps an aggregate's
+		// handed-over events in commit order, rows and messages alike.
 		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
+    seq = CASE WHEN handoff_at IS NULL THEN nextval(pg_get_serial_sequence(` + literal(t) + `, 'seq')) ELSE seq END,
     attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE $4::int END,
     last_error = COALESCE($2, last_error),
     retry_at = CASE WHEN $2::text IS NULL THEN COALESCE(retry_at, deliver_at) ELSE COALESCE($3::timestamptz, 'infinity') END,
     failed_at = CASE WHEN $2::text IS NULL THEN failed_at ELSE now() END
-WHERE seq = $1 AND dispatched_at IS NULL`,
+WHERE seq = $1 AND dispatched_at IS NULL
+RETURNING seq`,
 		// ON CONFLICT: a relay that crashed after the insert and before
 		// confirming reads the event again. A pending event waits for its
 		// deliver_at, as the table's trigger would have it.
@@ -63,50 +82,99 @@ ON CONFLICT (event_id) DO NOTHING`,
 	}
 }
 
-// mark marks the rows seqs dispatched. The stream can deliver a commit a
-// moment before the transaction is visible to other sessions (its commit
-// record is written before it leaves the proc array), so a row the
-// update misses is looked for: one seen dispatched was dispatched already
-// (a replay); any other is marked again after a short wait, since it may
-// have become visible only after the update's snapshot. A row not found
-// dispatched after about 5s is gone (retention deleted it after an
-// earlier dispatch) and counts as done.
-func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, seqs []int64) (missing int, err error) {
-	pending := seqs
-	for attempt := 0; ; attempt++ {
-		rows, err := pool.Query(ctx, q.markDone, pending)
+// mark marks the published rows items dispatched; gone counts those
+// found neither pending nor dispatched: deleted since (see settle).
+func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, items []*item) (gone int, err error) {
+	return q.settle(ctx, pool, log, "mark events dispatched", items, func(pending []*item) ([]*item, error) {
+		seqs := make([]int64, len(pending))
+		for i, it := range pending {
+			seqs[i] = it.ev.Seq
+		}
+		rows, err := pool.Query(ctx, q.markDone, seqs)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return 0, err
+		if err != nil || len(done) == len(seqs) {
+			return nil, err
 		}
-		if len(done) == len(pending) {
-			return 0, nil
-		}
-		pending = without(pending, done)
-		rows, err = pool.Query(ctx, q.dispatched, pending)
+		// A row seen dispatched was dispatched already: a replay.
+		rows, err = pool.Query(ctx, q.dispatched, without(seqs, done))
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		pending = without(pending, seen)
+		left := map[int64]bool{}
+		for _, s := range without(without(seqs, done), seen) {
+			left[s] = true
+		}
+		var missed []*item
+		for _, it := range pending {
+			if left[it.ev.Seq] {
+				missed = append(missed, it)
+			}
+		}
+		return missed, nil
+	})
+}
+
+// settle applies a write to rows read from the stream until each is
+// applied or known gone; apply returns the rows it missed. The stream can
+// deliver a commit before the transaction is visible to other sessions
+// (its commit record is flushed before it leaves the proc array, and with
+// synchronous replication it stays invisible until a standby confirms
+// it), so a missed row is tried again, for as long as that takes. It is
+// gone (deleted since, as retention deletes rows dispatched earlier) only
+// when apply misses it after its transaction was seen visible. Never
+// giving up keeps the slot's position from passing an event nobody
+// recorded.
+func (q statements) settle(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, what string, items []*item,
+	apply func(pending []*item) ([]*item, error)) (gone int, err error) {
+	pending := items
+	visible := map[uint32]bool{} // transactions seen visible before the last apply
+	start, warned := time.Now(), false
+	for attempt := 0; ; attempt++ {
+		missed, err := apply(pending)
+		if err != nil {
+			return gone, err
+		}
+		pending = pending[:0:0]
+		for _, it := range missed {
+			if visible[it.txn.xid] {
+				gone++
+			} else {
+				pending = append(pending, it)
+			}
+		}
 		if len(pending) == 0 {
-			return 0, nil
+			return gone, nil
 		}
-		if attempt >= 50 {
-			return len(pending), nil
+		if !warned && time.Since(start) > 5*time.Second {
+			warned = true
+			log.Warn("log relay: "+what+": rows not visible yet; waiting for their transactions to become visible (a synchronous standby that does not confirm holds them)",
+				"rows", len(pending), "first_seq", pending[0].ev.Seq, "xid", pending[0].txn.xid, "waited", time.Since(start).Round(time.Millisecond))
 		}
-		t := time.NewTimer(time.Duration(1+attempt) * 4 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return 0, ctx.Err()
-		case <-t.C:
+		xids := make([]int64, len(pending))
+		for i, it := range pending {
+			xids[i] = int64(it.txn.xid)
+		}
+		rows, err := pool.Query(ctx, q.visible, xids)
+		if err != nil {
+			return gone, err
+		}
+		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return gone, err
+		}
+		clear(visible)
+		for _, x := range seen {
+			visible[uint32(x)] = true
+		}
+		if !sleep(ctx, min(time.Duration(1+attempt)*4*time.Millisecond, time.Second)) {
+			return gone, ctx.Err()
 		}
 	}
 }
@@ -125,9 +193,53 @@ func without(all, some []int64) []int64 {
 	return out
 }
 
+// errNotHolder is a hand-over refused because this session's walsender no
+// longer holds the slot.
+var errNotHolder = errors.New("this relay no longer holds the slot (another relay took it over): it hands nothing to the table")
+
+// asHolder runs f in a transaction that holds the slot's lock, shared,
+// and only while the walsender pid holds the slot. A relay that took the
+// slot over lists the handed-over aggregates under that lock held
+// exclusively, after its START_REPLICATION: so every hand-over of the
+// relay before it either committed before that list was read, or finds
+// the slot held by another walsender and is refused. A relay cut off from
+// the server, still running, cannot hand an event over behind the new
+// holder's back, which would then publish its aggregate's later events
+// from the log ahead of it.
+func (q statements) asHolder(ctx context.Context, pool *pgxpool.Pool, pid uint32, f func(tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))", q.lockKey); err != nil {
+			return err
+		}
+		var holds bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)", q.slot, int64(pid)).Scan(&holds); err != nil {
+			return err
+		}
+		if !holds {
+			return errNotHolder
+		}
+		return f(tx)
+	})
+}
+
+// savepoint runs f in a subtransaction: a statement that fails there
+// leaves tx usable.
+func savepoint(ctx context.Context, tx pgx.Tx, f func(tx pgx.Tx) error) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := f(sp); err != nil {
+		_ = sp.Rollback(ctx)
+		return err
+	}
+	return sp.Commit(ctx)
+}
+
 // handoff records it in the table for the table path: held with reason,
-// or pending when reason is nil.
-func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, reason error) error {
+// or pending when reason is nil; pid is this session's walsender (see
+// asHolder).
+func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, pid uint32, it *item, reason error) error {
 	var why *string
 	var retryAt *time.Time
 	attempts := 1
@@ -140,26 +252,38 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 	}
 	if it.row {
 		// As in mark: the row may not be visible yet.
-		for attempt := 0; ; attempt++ {
-			tag, err := pool.Exec(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts)
-			if err != nil {
-				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
-			}
-			if tag.RowsAffected() == 1 || attempt >= 50 {
-				return nil
-			}
+		_, err := q.settle(ctx, pool, log, "hand event to the table", []*item{it}, func([]*item) ([]*item, error) {
+			var seq int64
 			var seen bool
-			if err := pool.QueryRow(ctx, `SELECT EXISTS (`+q.dispatched+`)`, []int64{it.ev.Seq}).Scan(&seen); err != nil {
-				return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
+			err := q.asHolder(ctx, pool, pid, func(tx pgx.Tx) error {
+				err := tx.QueryRow(ctx, q.handRow, it.ev.Seq, why, retryAt, attempts).Scan(&seq)
+				if !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				// seen: handed over (under a new seq) or dispatched
+				// already, a replay.
+				return tx.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen)
+			})
+			switch {
+			case err != nil:
+				return nil, err
+			case seq != 0:
+				it.ev.Seq = seq // its seq in the table from now on
+			case !seen:
+				return []*item{it}, nil
 			}
-			if seen {
-				return nil // dispatched already: a replay
-			}
-			if !sleep(ctx, time.Duration(1+attempt)*4*time.Millisecond) {
-				return ctx.Err()
-			}
+			return nil, nil
+		})
+		if err != nil {
+			return fmt.Errorf("hand row %d to the table: %w", it.ev.Seq, err)
 		}
+		return nil
 	}
+	return q.asHolder(ctx, pool, pid, func(tx pgx.Tx) error { return q.insertEvent(ctx, tx, it, why, retryAt, attempts, reason) })
+}
+
+// insertEvent inserts a log-only event into the table (see handoff).
+func (q statements) insertEvent(ctx context.Context, tx pgx.Tx, it *item, why *string, retryAt *time.Time, attempts int, reason error) error {
 	if it.bad == nil {
 		var headers *string
 		if it.ev.Headers != nil {
@@ -179,8 +303,11 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 		if !it.deliverAt.IsZero() {
 			deliverAt = &it.deliverAt
 		}
-		_, err := pool.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
-			nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why, retryAt, attempts)
+		err := savepoint(ctx, tx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, q.insertMsg, it.ev.ID, it.ev.AggregateID, it.ev.Type, payload, payloadBytes,
+				nullable(it.ev.ContentType), nullable(it.ev.Topic), deliverAt, headers, it.ev.CreatedAt, why, retryAt, attempts)
+			return err
+		})
 		var pgErr *pgconn.PgError
 		// Data the table's columns or checks refuse, which DecodeMessage
 		// let through: held as unreadable instead, so the stream never
@@ -206,17 +333,23 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, it *item, r
 		agg = &it.ev.AggregateID
 	}
 	why2 := truncate(reason.Error(), 2000)
-	_, err := pool.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2, agg)
+	err := savepoint(ctx, tx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, q.insertBad, id, string(it.raw), it.ev.CreatedAt, why2, agg)
+		return err
+	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && id != nil {
 		// The event_id itself is not a UUID: give the row a new one.
-		_, err = pool.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")", agg)
+		_, err = tx.Exec(ctx, q.insertBad, nil, string(it.raw), it.ev.CreatedAt, why2+" (event_id "+truncate(*id, 100)+")", agg)
 	}
 	if err != nil {
 		return fmt.Errorf("insert unreadable event message into the table: %w", err)
 	}
 	return nil
 }
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // nullable is s, or NULL when empty.
 func nullable(s string) *string {

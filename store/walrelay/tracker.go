@@ -17,6 +17,7 @@ type tracker struct {
 }
 
 type txn struct {
+	xid       uint32        // its transaction id, from the begin message
 	end       pglogrepl.LSN // end of the commit record; set at commit
 	committed bool          // the commit message has arrived
 	remaining int           // events not done yet
@@ -42,10 +43,19 @@ func (t *tracker) add(x *txn) {
 	t.mu.Unlock()
 }
 
-// commit records where x ends.
+// commit records where x ends. A transaction without events (one that
+// carries only other prefixes' logical messages) behind another is folded
+// into it: confirming that one's end then confirms this one's too, and
+// the list stays as long as the transactions with events in flight,
+// however many such transactions pass while one event is stuck.
 func (t *tracker) commit(x *txn, end pglogrepl.LSN) {
 	t.mu.Lock()
 	x.end, x.committed = end, true
+	if n := len(t.txns); x.events == 0 && n >= 2 && t.txns[n-1] == x && t.txns[n-2].committed {
+		t.txns[n-2].end = end
+		t.txns[n-1] = nil
+		t.txns = t.txns[:n-1]
+	}
 	t.advance()
 	t.mu.Unlock()
 }

@@ -32,7 +32,7 @@ func TestReadyzInLogMode(t *testing.T) {
 	base, _, done := serving(t, rctx, "http", append([]string{"relay", "--mode", "log", "--broker", "stdout"}, args...)...)
 	// Ready only counts once the relay reads the slot it created: before
 	// that, its first session failed for the want of the slot.
-	slot, err := walrelay.Slot{}.WithDefaults(cfg)
+	slot, err := walrelay.Slot{}.Resolve(ctx, pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

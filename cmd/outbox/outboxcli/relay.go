@@ -10,6 +10,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 func relayCmd() *cobra.Command {
@@ -84,7 +85,27 @@ func (e *app) runRelay(ctx context.Context) error {
 	e.log.Info("relay starting", "database", Redact(e.cfg.DatabaseURL), "table", sc.Schema+"."+sc.Table,
 		"broker", e.cfg.Broker, "ordered", !e.cfg.Relay.Unordered, "wakeups", e.cfg.Relay.Wakeups,
 		"batch_size", e.cfg.Relay.BatchSize, "lanes", e.cfg.Relay.Lanes)
-	if err := relay.Run(ctx); err != nil {
+	// Refused while log relays read this outbox's slot (and they refuse
+	// while this runs): both would publish every row.
+	lock, err := walrelay.LockTableMode(ctx, st.Pool(), sc)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	defer lock.Release()
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	watched := make(chan error, 1)
+	go func() {
+		err := lock.Watch(rctx)
+		stop()
+		watched <- err
+	}()
+	err = relay.Run(rctx)
+	stop()
+	if werr := <-watched; werr != nil {
+		return fmt.Errorf("relay: %w", werr)
+	}
+	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	e.log.Info("relay stopped")

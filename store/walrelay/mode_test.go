@@ -1,0 +1,62 @@
+package walrelay_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/store/walrelay"
+)
+
+// Table mode and log mode on one outbox are refused, whichever starts
+// second: a log relay stops with ErrMixedModes while a table-mode relay
+// holds its lock, and `outbox slot create` refuses to hand rows over
+// then; a table-mode relay is refused while a log relay reads the slot.
+// Nothing refused them before, and both published every row.
+func TestMixedModesAreRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	table, err := walrelay.LockTableMode(ctx, e.pool, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := walrelay.CreateSlot(ctx, e.pool, e.cfg, e.slot); !errors.Is(err, walrelay.ErrMixedModes) {
+		t.Fatalf("CreateSlot beside a table-mode relay = %v, want ErrMixedModes", err)
+	}
+	if st := e.status(); st.Exists {
+		t.Fatal("the slot was created beside a table-mode relay")
+	}
+	table.Release()
+	e.createSlot()
+	// A second table-mode lock is shared, not refused.
+	t1, err := walrelay.LockTableMode(ctx, e.pool, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t2, err := walrelay.LockTableMode(ctx, e.pool, e.cfg)
+	if err != nil {
+		t.Fatalf("second table-mode relay: %v", err)
+	}
+	r := e.start(&recorder{}, e.opts())
+	err = runErr(t, r, 10*time.Second)
+	if !errors.Is(err, walrelay.ErrMixedModes) || !strings.Contains(err.Error(), e.cfg.Table) {
+		t.Fatalf("log relay beside table-mode relays: Run = %v, want ErrMixedModes naming the table", err)
+	}
+	t1.Release()
+	t2.Release()
+
+	log := e.start(&recorder{}, e.opts())
+	waitFor(t, 10*time.Second, "the log relay to hold the slot", log.r.Holding)
+	if _, err := walrelay.LockTableMode(ctx, e.pool, e.cfg); !errors.Is(err, walrelay.ErrMixedModes) {
+		t.Fatalf("table-mode relay beside a log relay: %v, want ErrMixedModes", err)
+	}
+	log.stop(t)
+	waitFor(t, 10*time.Second, "the slot to be free", func() bool { return !e.status().Active })
+	again, err := walrelay.LockTableMode(ctx, e.pool, e.cfg)
+	if err != nil {
+		t.Fatalf("table-mode relay after the log relay stopped: %v", err)
+	}
+	again.Release()
+}
