@@ -1,0 +1,350 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/store"
+)
+
+// schemaOf describes every object of the schema, with the schema's name
+// replaced, as lines in a stable order: columns in table order with type,
+// collation, nullability and default; constraints with their definition
+// and whether they are validated; indexes with definition and validity;
+// triggers, functions, views and sequences; and the migrations recorded.
+func schemaOf(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	rows, err := pool.Query(ctx, `
+SELECT 'column ' || c.relname || ' #' || row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum) || ' ' || a.attname || ' ' ||
+       format_type(a.atttypid, a.atttypmod) ||
+       CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation THEN ' collate ' || co.collname ELSE '' END ||
+       CASE WHEN a.attnotnull THEN ' not null' ELSE '' END || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'v') AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid) || ' validated ' || convalidated
+FROM pg_constraint WHERE connamespace = $1::regnamespace
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid) || ' valid ' || i.indisvalid
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = $1::regnamespace
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(tg.oid) || ' enabled ' || tg.tgenabled::text
+FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid WHERE c.relnamespace = $1::regnamespace AND NOT tg.tgisinternal
+UNION ALL
+SELECT 'function ' || pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+UNION ALL
+SELECT 'view ' || c.relname || ' ' || pg_get_viewdef(c.oid) FROM pg_class c WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'v'
+UNION ALL
+SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || c.relpersistence::text FROM pg_class c WHERE c.relnamespace = $1::regnamespace`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var versions []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(version || '/' || coalesce(step::text, 'done') ORDER BY version)::text[] FROM `+
+		pgx.Identifier{schema, "events_outbox_migrations"}.Sanitize()).Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	lines = append(lines, "migrations "+strings.Join(versions, " "))
+	for i, l := range lines {
+		lines[i] = strings.ReplaceAll(l, schema, "SCHEMA")
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+func diffLines(a, b []string) string {
+	in := func(xs []string) map[string]bool {
+		m := map[string]bool{}
+		for _, x := range xs {
+			m[x] = true
+		}
+		return m
+	}
+	ina, inb := in(a), in(b)
+	var d []string
+	for _, x := range a {
+		if !inb[x] {
+			d = append(d, "- "+x)
+		}
+	}
+	for _, x := range b {
+		if !ina[x] {
+			d = append(d, "+ "+x)
+		}
+	}
+	return strings.Join(d, "\n")
+}
+
+// A schema upgraded from any earlier version, with rows in it, is the
+// schema a fresh migrate makes, object for object.
+func TestUpgradedSchemaIsFreshSchema(t *testing.T) {
+	ctx := context.Background()
+	migs, err := store.Migrations(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := migs[len(migs)-1].Version
+	pool, fresh := upgradeFrom(t, latest)
+	want := schemaOf(ctx, t, pool, fresh.Schema)
+	for v := 1; v < latest; v++ {
+		t.Run(fmt.Sprintf("from_%d", v), func(t *testing.T) {
+			pool, cfg := upgradeFrom(t, v)
+			fillAsVersion(ctx, t, pool, cfg, v, 3000)
+			if _, err := store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{BatchRows: 1000}); err != nil {
+				t.Fatal(err)
+			}
+			if d := diffLines(want, schemaOf(ctx, t, pool, cfg.Schema)); d != "" {
+				t.Errorf("schema upgraded from %d differs from a fresh one:\n%s", v, d)
+			}
+		})
+	}
+}
+
+// stopAfter is a log handler that cancels a migration once it logs that a
+// given step is applied: the step is recorded, the next one never starts,
+// as when the process is killed between them.
+type stopAfter struct {
+	version, step int
+	cancel        context.CancelFunc
+	mu            *sync.Mutex
+	msgs          *[]string
+}
+
+func (h stopAfter) Enabled(context.Context, slog.Level) bool { return true }
+func (h stopAfter) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h stopAfter) WithGroup(string) slog.Handler            { return h }
+func (h stopAfter) Handle(_ context.Context, r slog.Record) error {
+	var v, s int64
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "version":
+			v = a.Value.Int64()
+		case "step":
+			s = a.Value.Int64()
+		}
+		return true
+	})
+	h.mu.Lock()
+	*h.msgs = append(*h.msgs, r.Message)
+	h.mu.Unlock()
+	if r.Message == "migration step applied" && int(v) == h.version && int(s) == h.step {
+		h.cancel()
+	}
+	return nil
+}
+
+// A migration stopped after any of its steps resumes at the next one: the
+// version row says how far it got, the relay's schema check refuses the
+// half-done schema, producers of the version before keep writing, and the
+// finished schema is the fresh one.
+func TestMigrationResumesAfterEveryStep(t *testing.T) {
+	ctx := context.Background()
+	cfg0, _ := store.Config{}.WithDefaults()
+	migs, err := store.Migrations(cfg0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := migs[len(migs)-1].Version
+	pool, fresh := upgradeFrom(t, latest)
+	want := schemaOf(ctx, t, pool, fresh.Schema)
+	for _, m := range migs[1:] {
+		for step := 1; step < len(m.Steps); step++ {
+			t.Run(fmt.Sprintf("%d_step_%d", m.Version, step), func(t *testing.T) {
+				pool, cfg := upgradeFrom(t, m.Version-1)
+				fillAsVersion(ctx, t, pool, cfg, m.Version-1, 500)
+				sctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				var mu sync.Mutex
+				var msgs []string
+				h := stopAfter{version: m.Version, step: step, cancel: cancel, mu: &mu, msgs: &msgs}
+				_, err := store.MigrateWith(sctx, pool, cfg, store.MigrateOptions{Log: slog.New(h), BatchRows: 100})
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("migrate stopped after step %d: err = %v, want it canceled", step, err)
+				}
+				have, partial, done, err := store.SchemaProgress(ctx, pool, cfg)
+				if err != nil || have != m.Version-1 || partial != m.Version || done != step {
+					t.Fatalf("progress (%d, %d, %d), %v; want version %d complete, %d at step %d", have, partial, done, err, m.Version-1, m.Version, step)
+				}
+				if err := store.CheckSchema(ctx, pool, cfg); !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "stopped after step") {
+					t.Errorf("schema check of a half-done migration: %v", err)
+				}
+				// The producers of the version before still write.
+				q := `INSERT INTO ` + ident(cfg) + ` (uid, aggregate_id, type, payload) VALUES (gen_random_uuid(), $1, 'a.b', '{}')`
+				if m.Version > 5 {
+					q = `INSERT INTO ` + ident(cfg) + ` (aggregate_id, type, payload) VALUES ($1, 'a.b', '{}')`
+				}
+				if _, err := pool.Exec(ctx, q, uuid.NewString()); err != nil {
+					t.Errorf("producer of version %d mid-migration: %v", m.Version-1, err)
+				}
+				applied, err := store.Migrate(ctx, pool, cfg)
+				if err != nil || len(applied) == 0 || applied[0] != m.Version {
+					t.Fatalf("resume: applied %v, %v", applied, err)
+				}
+				if d := diffLines(want, schemaOf(ctx, t, pool, cfg.Schema)); d != "" {
+					t.Errorf("schema after resuming differs from a fresh one:\n%s", d)
+				}
+			})
+		}
+	}
+}
+
+// An index build that failed or was stopped leaves an invalid index;
+// the resumed step drops it and builds the index again.
+func TestMigrationRebuildsAnInvalidIndex(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := upgradeFrom(t, 5)
+	fillAsVersion(ctx, t, pool, cfg, 5, 200)
+	failed := pgx.Identifier{"events_outbox_failed"}.Sanitize()
+	// A unique index on a column with duplicates fails after it is
+	// created, as an interrupted build does, and is left invalid.
+	_, err := pool.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+failed+" ON "+ident(cfg)+" (type)")
+	if err == nil {
+		t.Fatal("unique index over duplicate types was built")
+	}
+	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var def string
+	var valid bool
+	if err := pool.QueryRow(ctx, `SELECT pg_get_indexdef(indexrelid), indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)`,
+		pgx.Identifier{cfg.Schema}.Sanitize()+"."+failed).Scan(&def, &valid); err != nil {
+		t.Fatal(err)
+	}
+	if !valid || !strings.Contains(def, "(failed_at)") {
+		t.Fatalf("index after migrate: %s, valid %v; want migration 6's, valid", def, valid)
+	}
+}
+
+// A step whose lock is busy gives up after lock_timeout, so producers
+// queued behind it go on, and tries again until the lock is free; with
+// its retries used up it fails with an error that says so.
+func TestMigrationRetriesABusyLock(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := upgradeFrom(t, 5) // next: migration 6 adds a column
+	// A long report holds ACCESS SHARE, which ALTER TABLE waits for.
+	report, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = report.Rollback(ctx) }()
+	if _, err := report.Exec(ctx, "SELECT count(*) FROM "+ident(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{LockTimeout: 50 * time.Millisecond, LockRetries: 1})
+	if err == nil || !strings.Contains(err.Error(), "lock still busy after 2 tries") {
+		t.Fatalf("migrate with its retries used up: %v", err)
+	}
+
+	pctx, stop := context.WithCancel(ctx)
+	prod := startProducer(pctx, pool, cfg, 5)
+	var mu sync.Mutex
+	var msgs []string
+	h := stopAfter{mu: &mu, msgs: &msgs, cancel: func() {}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{LockTimeout: 100 * time.Millisecond, Log: slog.New(h)})
+		done <- err
+	}()
+	time.Sleep(2 * time.Second)
+	if err := report.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	time.Sleep(200 * time.Millisecond)
+	stop()
+	res := prod.wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	retries := 0
+	for _, m := range msgs {
+		if strings.Contains(m, "trying again") {
+			retries++
+		}
+	}
+	mu.Unlock()
+	if retries == 0 {
+		t.Errorf("no retry logged while the lock was held: %q", msgs)
+	}
+	// The bound: 100ms of lock_timeout per try, with room for a loaded
+	// machine; without it every insert would wait the two seconds.
+	if res.max > time.Second || len(res.errs) > 0 || res.inserts < 50 {
+		t.Errorf("producer during the retries: %d inserts, max wait %v, errors %v", res.inserts, res.max, res.errs)
+	}
+	t.Logf("%d retries; producer: %d inserts, max wait %v", retries, res.inserts, res.max)
+}
+
+// The migrations themselves keep write locks short: after the first
+// (which creates the tables), a statement whose lock blocks INSERT runs
+// in a transaction step (so under lock_timeout, retried) and is a catalog
+// change: no index built without CONCURRENTLY, no column retyped, no
+// check added without NOT VALID. An index built concurrently is named and
+// IF NOT EXISTS, so a resumed build finds it.
+func TestMigrationsTakeNoLongWriteLock(t *testing.T) {
+	migs, err := store.Migrations(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := []*regexp.Regexp{
+		regexp.MustCompile(`^CREATE (UNIQUE )?INDEX (?:[^C]|C[^O])`),
+		regexp.MustCompile(`\bTYPE\b`),
+		regexp.MustCompile(`ADD COLUMN [^,]*\bDEFAULT\b`),
+		regexp.MustCompile(`^VACUUM FULL|^CLUSTER|^REINDEX`),
+	}
+	concurrent := regexp.MustCompile(`^CREATE (UNIQUE )?INDEX CONCURRENTLY IF NOT EXISTS "`)
+	for _, m := range migs[1:] {
+		for i, s := range m.Steps {
+			for _, st := range s.Statements {
+				flat := strings.Join(strings.Fields(stripComments(st.SQL)), " ")
+				if strings.HasPrefix(flat, "CREATE FUNCTION") {
+					continue
+				}
+				if st.Lock.BlocksWrites && s.Kind != store.StepTx {
+					t.Errorf("%04d step %d: %.60q blocks writes outside a transaction step", m.Version, i+1, flat)
+				}
+				for _, re := range long {
+					if re.MatchString(flat) {
+						t.Errorf("%04d step %d: %.80q holds its lock for a scan or a rewrite (%s)", m.Version, i+1, flat, re)
+					}
+				}
+				for _, c := range strings.Split(flat, "ADD CONSTRAINT ")[1:] {
+					if !strings.Contains(c, "NOT VALID") {
+						t.Errorf("%04d step %d: constraint %.60q is added without NOT VALID: its check scans the table under lock", m.Version, i+1, c)
+					}
+				}
+				if strings.Contains(flat, "CONCURRENTLY") && strings.HasPrefix(flat, "CREATE") && !concurrent.MatchString(flat) {
+					t.Errorf("%04d step %d: %.60q: a concurrent build is named and IF NOT EXISTS", m.Version, i+1, flat)
+				}
+			}
+		}
+	}
+}
+
+func stripComments(sql string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(sql, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
