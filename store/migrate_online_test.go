@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +63,7 @@ func TestMigrateLargeTableWhileProducing(t *testing.T) {
 			prod := startProducer(pctx, pool, cfg, v)
 			time.Sleep(300 * time.Millisecond) // the producer is running before the migration starts
 			start = time.Now()
-			applied, err := store.Migrate(ctx, pool, cfg)
+			applied, err := store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 			took := time.Since(start)
 			time.Sleep(300 * time.Millisecond) // and after it ends
 			stop()
@@ -112,6 +114,14 @@ FROM generate_series(1, $1) AS i`
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+table); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// testWriter writes a log line to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
 }
 
 type producerResult struct {

@@ -348,3 +348,83 @@ func stripComments(sql string) string {
 	}
 	return b.String()
 }
+
+// lockStrength orders PostgreSQL's table lock modes, by pg_locks name and
+// by the name the migrations print.
+var lockStrength = map[string]int{
+	"AccessShareLock": 1, "RowShareLock": 2, "RowExclusiveLock": 3, "ShareUpdateExclusiveLock": 4,
+	"ShareLock": 5, "ShareRowExclusiveLock": 6, "ExclusiveLock": 7, "AccessExclusiveLock": 8,
+	"ACCESS SHARE": 1, "ROW SHARE": 2, "ROW EXCLUSIVE": 3, "SHARE UPDATE EXCLUSIVE": 4,
+	"SHARE": 5, "SHARE ROW EXCLUSIVE": 6, "EXCLUSIVE": 7, "ACCESS EXCLUSIVE": 8,
+}
+
+// The lock --print names for each statement of a transaction step is the
+// one PostgreSQL takes on the outbox: after each statement, the strongest
+// lock the transaction holds on the table is the strongest named so far.
+func TestStepLocksAreWhatPostgreSQLTakes(t *testing.T) {
+	ctx := context.Background()
+	migs, err := store.Migrations(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, cfg := upgradeFrom(t, 1)
+	fillAsVersion(ctx, t, pool, cfg, 1, 100)
+	migs, err = store.Migrations(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := ident(cfg)
+	held := func(tx pgx.Tx) int {
+		t.Helper()
+		var modes []string
+		if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(mode), '{}') FROM pg_locks
+WHERE locktype = 'relation' AND relation = $1::regclass AND pid = pg_backend_pid() AND granted`, table).Scan(&modes); err != nil {
+			t.Fatal(err)
+		}
+		s := 0
+		for _, m := range modes {
+			s = max(s, lockStrength[m])
+		}
+		return s
+	}
+	for _, m := range migs[1:] {
+		for i, s := range m.Steps {
+			switch s.Kind {
+			case store.StepTx:
+				// Once to look at the locks, rolled back; then for real.
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				named := 0
+				for _, st := range s.Statements {
+					if _, err := tx.Exec(ctx, st.SQL); err != nil {
+						t.Fatalf("%04d step %d: %v", m.Version, i+1, err)
+					}
+					if !strings.Contains(st.Lock.Note, "on the index") {
+						named = max(named, lockStrength[st.Lock.Mode])
+					}
+					if got := held(tx); got != named {
+						t.Errorf("%04d step %d: after %.50q the transaction holds lock strength %d on the outbox, --print names %d (%s)",
+							m.Version, i+1, strings.TrimSpace(stripComments(st.SQL)), got, named, st.Lock)
+					}
+				}
+				_ = tx.Rollback(ctx)
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, s.SQL())
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+			case store.StepBatch:
+				if _, err := pool.Exec(ctx, s.Statements[0].SQL, int64(0), int64(1<<62)); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				if _, err := pool.Exec(ctx, s.Statements[0].SQL); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
