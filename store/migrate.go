@@ -138,7 +138,7 @@ var lockRules = []struct {
 }
 
 func lockOf(stmt string) (Lock, bool) {
-	flat := strings.Join(strings.Fields(stripComments(stmt)), " ")
+	flat := flatten(stmt)
 	for _, r := range lockRules {
 		if r.prefix.MatchString(flat) {
 			return r.lock, true
@@ -170,19 +170,13 @@ func Migrations(cfg Config) ([]Migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
 		}
-		tmpl, err := template.New(e.Name()).Option("missingkey=error").Parse(string(raw))
-		if err != nil {
-			return nil, fmt.Errorf("parse migration %s: %w", e.Name(), err)
-		}
-		var sql bytes.Buffer
-		if err := tmpl.Execute(&sql, n); err != nil {
-			return nil, fmt.Errorf("render migration %s: %w", e.Name(), err)
-		}
-		steps, err := parseSteps(sql.String())
+		// Steps are split before the names are filled in, so no name can
+		// look like a step marker.
+		steps, sql, err := parseSteps(e.Name(), string(raw), n)
 		if err != nil {
 			return nil, fmt.Errorf("migration %s: %w", e.Name(), err)
 		}
-		out = append(out, Migration{Version: v, Name: name, SQL: sql.String(), Steps: steps})
+		out = append(out, Migration{Version: v, Name: name, SQL: sql, Steps: steps})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
@@ -192,19 +186,31 @@ func Migrations(cfg Config) ([]Migration, error) {
 // followed by "concurrently" or "batch".
 var stepMarker = regexp.MustCompile(`(?m)^--- step\b(.*)$`)
 
-func parseSteps(sql string) ([]Step, error) {
-	marks := stepMarker.FindAllStringSubmatchIndex(sql, -1)
-	if len(marks) == 0 || strings.TrimSpace(stripComments(sql[:marks[0][0]])) != "" {
-		return nil, errors.New(`statements before the first "--- step" line`)
+func parseSteps(file, raw string, n names) ([]Step, string, error) {
+	marks := stepMarker.FindAllStringSubmatchIndex(raw, -1)
+	if len(marks) == 0 || strings.TrimSpace(flatten(raw[:marks[0][0]])) != "" {
+		return nil, "", errors.New(`statements before the first "--- step" line`)
 	}
 	var steps []Step
+	var whole strings.Builder
+	whole.WriteString(raw[:marks[0][0]])
 	for i, m := range marks {
-		end := len(sql)
+		end := len(raw)
 		if i+1 < len(marks) {
 			end = marks[i+1][0]
 		}
+		tmpl, err := template.New(file).Option("missingkey=error").Parse(raw[m[1]:end])
+		if err != nil {
+			return nil, "", fmt.Errorf("parse step %d: %w", i+1, err)
+		}
+		var sql bytes.Buffer
+		if err := tmpl.Execute(&sql, n); err != nil {
+			return nil, "", fmt.Errorf("render step %d: %w", i+1, err)
+		}
+		whole.WriteString(raw[m[0]:m[1]])
+		whole.WriteString(sql.String())
 		var s Step
-		switch kind := strings.TrimSpace(sql[m[2]:m[3]]); kind {
+		switch kind := strings.TrimSpace(raw[m[2]:m[3]]); kind {
 		case "":
 			s.Kind = StepTx
 		case "concurrently":
@@ -212,27 +218,27 @@ func parseSteps(sql string) ([]Step, error) {
 		case "batch":
 			s.Kind = StepBatch
 		default:
-			return nil, fmt.Errorf("step %d: unknown kind %q (want none, concurrently or batch)", i+1, kind)
+			return nil, "", fmt.Errorf("step %d: unknown kind %q (want none, concurrently or batch)", i+1, kind)
 		}
-		for _, stmt := range splitStatements(sql[m[1]:end]) {
+		for _, stmt := range splitStatements(sql.String()) {
 			lock, ok := lockOf(stmt)
 			if !ok {
-				return nil, fmt.Errorf("step %d: no lock rule for statement %.60q", i+1, stmt)
+				return nil, "", fmt.Errorf("step %d: no lock rule for statement %.60q", i+1, stmt)
 			}
 			s.Statements = append(s.Statements, Statement{SQL: stmt, Lock: lock})
 		}
 		if len(s.Statements) == 0 {
-			return nil, fmt.Errorf("step %d has no statement", i+1)
+			return nil, "", fmt.Errorf("step %d has no statement", i+1)
 		}
 		if s.Kind != StepTx && len(s.Statements) != 1 {
-			return nil, fmt.Errorf("step %d (%s) has %d statements, want one", i+1, s.Kind, len(s.Statements))
+			return nil, "", fmt.Errorf("step %d (%s) has %d statements, want one", i+1, s.Kind, len(s.Statements))
 		}
 		if s.Kind == StepBatch && (!strings.Contains(s.Statements[0].SQL, "$1") || !strings.Contains(s.Statements[0].SQL, "$2")) {
-			return nil, fmt.Errorf("step %d: a batch statement bounds seq by $1 and $2", i+1)
+			return nil, "", fmt.Errorf("step %d: a batch statement bounds seq by $1 and $2", i+1)
 		}
 		steps = append(steps, s)
 	}
-	return steps, nil
+	return steps, whole.String(), nil
 }
 
 // splitStatements splits a script at the semicolons outside quotes,
@@ -242,7 +248,7 @@ func splitStatements(sql string) []string {
 	var out []string
 	start := 0
 	flush := func(end int) {
-		if s := strings.TrimSpace(sql[start:end]); strings.TrimSpace(stripComments(s)) != "" {
+		if s := strings.TrimSpace(sql[start:end]); flatten(s) != "" {
 			out = append(out, s)
 		}
 	}
@@ -284,18 +290,49 @@ func splitStatements(sql string) []string {
 
 var dollarTag = regexp.MustCompile(`^\$([A-Za-z_][A-Za-z0-9_]*)?\$`)
 
-// stripComments drops "--" comment lines, which is all the migration
-// files use outside their statements' bodies.
-func stripComments(sql string) string {
+// flatten is a statement reduced to what classifies it: comments dropped,
+// each quoted name replaced by "X", each string emptied, each
+// dollar-quoted body replaced by $$, and white space collapsed, so no name
+// or body can look like a keyword.
+func flatten(stmt string) string {
 	var b strings.Builder
-	for _, line := range strings.Split(sql, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), "--") {
-			continue
+	for i := 0; i < len(stmt); i++ {
+		switch c := stmt[i]; {
+		case c == '-' && strings.HasPrefix(stmt[i:], "--"):
+			j := strings.IndexByte(stmt[i:], '\n')
+			if j < 0 {
+				j = len(stmt) - i
+			}
+			i += j
+			b.WriteByte(' ')
+		case c == '/' && strings.HasPrefix(stmt[i:], "/*"):
+			j := strings.Index(stmt[i+2:], "*/")
+			if j < 0 {
+				j = len(stmt) - i - 2
+			}
+			i += j + 3
+			b.WriteByte(' ')
+		case c == '\'' || c == '"':
+			for i++; i < len(stmt) && stmt[i] != c; i++ {
+			}
+			if c == '"' {
+				b.WriteString(`"X"`)
+			} else {
+				b.WriteString("''")
+			}
+		case c == '$' && dollarTag.MatchString(stmt[i:]):
+			tag := dollarTag.FindString(stmt[i:])
+			j := strings.Index(stmt[i+len(tag):], tag)
+			if j < 0 {
+				j = len(stmt) - i - len(tag)
+			}
+			i += len(tag) + j + len(tag) - 1
+			b.WriteString("$$")
+		default:
+			b.WriteByte(c)
 		}
-		b.WriteString(line)
-		b.WriteByte('\n')
 	}
-	return b.String()
+	return strings.Join(strings.Fields(b.String()), " ")
 }
 
 // The defaults of MigrateOptions.
@@ -578,13 +615,13 @@ func (r *runner) step(ctx context.Context, m Migration, i int) error {
 	}
 }
 
-var concurrentIndex = regexp.MustCompile(`^CREATE (?:UNIQUE )?INDEX CONCURRENTLY IF NOT EXISTS ("(?:[^"]|"")+")`)
+var concurrentIndex = regexp.MustCompile(`CREATE (?:UNIQUE )?INDEX CONCURRENTLY IF NOT EXISTS ("(?:[^"]|"")+")`)
 
 // dropInvalidIndex drops what a CREATE INDEX CONCURRENTLY that failed or
 // was stopped left behind: an invalid index of the same name, which IF NOT
 // EXISTS would otherwise keep.
 func (r *runner) dropInvalidIndex(ctx context.Context, stmt string) error {
-	m := concurrentIndex.FindStringSubmatch(strings.Join(strings.Fields(stripComments(stmt)), " "))
+	m := concurrentIndex.FindStringSubmatch(stmt)
 	if m == nil {
 		return nil
 	}

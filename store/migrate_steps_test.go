@@ -428,3 +428,33 @@ WHERE locktype = 'relation' AND relation = $1::regclass AND pid = pg_backend_pid
 		}
 	}
 }
+
+// Names are filled in after the files are split into steps, and quoted
+// names never decide a statement's lock: a name that looks like a step
+// marker, a comment or a keyword leaves the steps and locks as they are.
+func TestMigrationStepsIgnoreNames(t *testing.T) {
+	plain, err := store.Migrations(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	odd, err := store.Migrations(store.Config{Schema: "s VALIDATE CONSTRAINT x", Table: "t\n--- step batch\n-- ; '", ProcessedTable: "p\"$$"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range plain {
+		if len(odd[i].Steps) != len(m.Steps) {
+			t.Fatalf("%04d: %d steps with odd names, %d without", m.Version, len(odd[i].Steps), len(m.Steps))
+		}
+		for j, s := range m.Steps {
+			o := odd[i].Steps[j]
+			if o.Kind != s.Kind || len(o.Statements) != len(s.Statements) {
+				t.Fatalf("%04d step %d: %v with %d statements under odd names, %v with %d", m.Version, j+1, o.Kind, len(o.Statements), s.Kind, len(s.Statements))
+			}
+			for k, st := range s.Statements {
+				if o.Statements[k].Lock != st.Lock {
+					t.Errorf("%04d step %d statement %d: lock %v under odd names, %v", m.Version, j+1, k+1, o.Statements[k].Lock, st.Lock)
+				}
+			}
+		}
+	}
+}
