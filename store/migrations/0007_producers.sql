@@ -21,7 +21,8 @@
 
 --- step
 -- The trigger fills the new column in every row written from now on,
--- inserted or updated, so the checks hold for them at once.
+-- inserted or updated, so the checks hold for them at once. A producer
+-- that sets aggregate_id_text itself gets it replaced.
 CREATE FUNCTION {{.KeySyncFunc}}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.aggregate_id_text := NEW.aggregate_id::text;
@@ -60,8 +61,11 @@ ALTER TABLE {{.Outbox}}
         OR NOT headers ?| ARRAY['event_id', 'event_seq', 'event_uid', 'type', 'aggregate_id', 'content-type']
     ) NOT VALID;
 
+-- The WHEN test runs without a function call, so the batches below, which
+-- set the column themselves, pay for no trigger.
 CREATE TRIGGER {{.KeySyncTrigger}} BEFORE INSERT OR UPDATE ON {{.Outbox}}
-    FOR EACH ROW EXECUTE FUNCTION {{.KeySyncFunc}}();
+    FOR EACH ROW WHEN (NEW.aggregate_id_text IS DISTINCT FROM NEW.aggregate_id::text)
+    EXECUTE FUNCTION {{.KeySyncFunc}}();
 
 --- step batch
 -- The rows written before the trigger, a range of seq at a time: row
