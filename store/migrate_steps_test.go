@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -457,4 +460,103 @@ func TestMigrationStepsIgnoreNames(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A schema that an earlier release migrated (each migration in one
+// transaction, the files of store/testdata/release8, a migrations table
+// without the step column) upgrades with the step runner: a relay of this
+// release accepts it when complete, the migrations it applied are not run
+// again, the others are, and the result is the fresh schema, except that
+// a table the earlier migration 7 converted keeps aggregate_id in third
+// place.
+func TestUpgradeSchemaOfEarlierRelease(t *testing.T) {
+	ctx := context.Background()
+	migs, err := store.Migrations(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := migs[len(migs)-1].Version
+	pool, fresh := upgradeFrom(t, latest)
+	want := schemaOf(ctx, t, pool, fresh.Schema)
+	files, err := filepath.Glob("testdata/release8/*.sql")
+	if err != nil || len(files) != latest {
+		t.Fatalf("release files %v, %v", files, err)
+	}
+	for _, v := range []int{3, 6, 7, 8} {
+		t.Run(fmt.Sprintf("at_%d", v), func(t *testing.T) {
+			cfg, err := store.Config{Schema: "test_old" + strconv.Itoa(v) + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:10]}.WithDefaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()+" CASCADE")
+			})
+			mt := pgx.Identifier{cfg.Schema, cfg.Table + "_migrations"}.Sanitize()
+			stmts := []string{
+				"CREATE SCHEMA " + pgx.Identifier{cfg.Schema}.Sanitize(),
+				"CREATE TABLE " + mt + " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+			}
+			for _, f := range files[:v] {
+				raw, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sql, err := store.RenderMigrationFile(cfg, string(raw))
+				if err != nil {
+					t.Fatal(err)
+				}
+				base := strings.TrimSuffix(filepath.Base(f), ".sql")
+				num, name, _ := strings.Cut(base, "_")
+				n, _ := strconv.Atoi(num)
+				stmts = append(stmts, "BEGIN; "+sql+"; INSERT INTO "+mt+" (version, name) VALUES ("+strconv.Itoa(n)+", '"+name+"'); COMMIT")
+			}
+			for _, s := range stmts {
+				if _, err := pool.Exec(ctx, s); err != nil {
+					t.Fatalf("%.80s: %v", s, err)
+				}
+			}
+			fillAsVersion(ctx, t, pool, cfg, v, 2000)
+			if err := store.CheckSchema(ctx, pool, cfg); (err == nil) != (v == latest) {
+				t.Errorf("relay's schema check at version %d of an earlier release: %v", v, err)
+			}
+			applied, err := store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{BatchRows: 500})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(applied) != latest-v || (len(applied) > 0 && applied[0] != v+1) {
+				t.Fatalf("applied %v at version %d, want %d to %d", applied, v, v+1, latest)
+			}
+			got, exp := schemaOf(ctx, t, pool, cfg.Schema), want
+			if v >= 7 {
+				got, exp = withoutColumnOrder(got), withoutColumnOrder(want)
+			}
+			if d := diffLines(exp, got); d != "" {
+				t.Errorf("schema an earlier release took to %d, upgraded, differs from a fresh one:\n%s", v, d)
+			}
+		})
+	}
+}
+
+var columnPosition = regexp.MustCompile(`^(column \S+) #\d+ `)
+
+// withoutColumnOrder drops the position of each column, and sorts the
+// columns a view selects, which follow the table's order.
+func withoutColumnOrder(lines []string) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		l = columnPosition.ReplaceAllString(l, "$1 ")
+		if head, rest, ok := strings.Cut(l, " SELECT "); ok && strings.HasPrefix(l, "view ") {
+			if list, from, ok := strings.Cut(rest, "\n   FROM "); ok {
+				cols := strings.Split(list, ",")
+				for j := range cols {
+					cols[j] = strings.TrimSpace(cols[j])
+				}
+				sort.Strings(cols)
+				l = head + " SELECT " + strings.Join(cols, ", ") + " FROM " + from
+			}
+		}
+		out[i] = l
+	}
+	sort.Strings(out)
+	return out
 }
