@@ -560,3 +560,23 @@ func withoutColumnOrder(lines []string) []string {
 	sort.Strings(out)
 	return out
 }
+
+func TestMigrateOptionsValidation(t *testing.T) {
+	for _, c := range []struct {
+		opts  store.MigrateOptions
+		field string
+	}{
+		{store.MigrateOptions{To: -1}, "to is -1"},
+		{store.MigrateOptions{LockTimeout: time.Millisecond}, "lock timeout 1ms"},
+		{store.MigrateOptions{LockTimeout: time.Minute}, "lock timeout 1m0s"},
+		{store.MigrateOptions{LockRetries: -1}, "lock retries -1"},
+		{store.MigrateOptions{BatchRows: 10}, "batch rows 10"},
+		{store.MigrateOptions{BatchRows: 2_000_000}, "batch rows 2000000"},
+	} {
+		// Options are checked before the pool is used.
+		_, err := store.MigrateWith(context.Background(), nil, store.Config{}, c.opts)
+		if err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%+v: err = %v, want one naming %q", c.opts, err, c.field)
+		}
+	}
+}
