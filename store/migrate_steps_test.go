@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // schemaOf describes every object of the schema, with the schema's name
@@ -577,6 +578,50 @@ func TestMigrateOptionsValidation(t *testing.T) {
 		_, err := store.MigrateWith(context.Background(), nil, store.Config{}, c.opts)
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%+v: err = %v, want one naming %q", c.opts, err, c.field)
+		}
+	}
+}
+
+// Migrations 2 and 3 once let PostgreSQL name their indexes; now that they
+// build them concurrently under a name of their own, it is the one
+// PostgreSQL chose, for long and multibyte table names too, so a schema an
+// earlier release made has them under the same names.
+func TestConcurrentIndexesKeepTheNamesPostgreSQLChose(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	schema := "test_names_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:8]
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+quote(schema)+" CASCADE") })
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+quote(schema)); err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile(`IF NOT EXISTS ("(?:[^"]|"")+")`)
+	for _, table := range []string{"events_outbox", strings.Repeat("t", 47), strings.Repeat("é", 23) + "x", "dispatched_at_and_more_than_that"} {
+		cfg := store.Config{Schema: schema, Table: table}
+		migs, err := store.Migrations(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := pgx.Identifier{schema, table}.Sanitize()
+		if _, err := pool.Exec(ctx, "CREATE TABLE "+q+" (id bigint, dispatched_at timestamptz, parked_at timestamptz);"+
+			"CREATE INDEX ON "+q+" (dispatched_at) WHERE dispatched_at IS NOT NULL; CREATE INDEX ON "+q+" (id) WHERE parked_at IS NOT NULL"); err != nil {
+			t.Fatal(err)
+		}
+		var chosen []string
+		rows, err := pool.Query(ctx, "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 ORDER BY indexname", schema, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if chosen, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			t.Fatal(err)
+		}
+		var ours []string
+		for _, m := range migs[1:3] {
+			q := named.FindStringSubmatch(m.Steps[0].Statements[0].SQL)[1]
+			ours = append(ours, strings.ReplaceAll(q[1:len(q)-1], `""`, `"`))
+		}
+		sort.Strings(ours)
+		if strings.Join(ours, " ") != strings.Join(chosen, " ") {
+			t.Errorf("table %q: migrations 2 and 3 name %v, PostgreSQL chose %v", table, ours, chosen)
 		}
 	}
 }
