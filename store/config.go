@@ -112,6 +112,32 @@ func (c Config) LogWriteFunc() (string, error) {
 	return c.names().LogWriteFunc, nil
 }
 
+// autoIndexName is the name PostgreSQL gives CREATE INDEX ON table (column)
+// when none is given: migrations 2 and 3 let it choose, and build their
+// indexes concurrently now, which needs the name to resume. The table part
+// is clipped first, as PostgreSQL does, to fit 63 bytes.
+func autoIndexName(table, column string) string {
+	const label = "idx"
+	avail := 63 - len(label) - 2
+	t, c := len(table), len(column)
+	for t+c > avail {
+		if t > c {
+			t--
+		} else {
+			c--
+		}
+	}
+	return clipUTF8(table, t) + "_" + clipUTF8(column, c) + "_" + label
+}
+
+// clipUTF8 cuts s to at most n bytes without splitting a character.
+func clipUTF8(s string, n int) string {
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
 // ident quotes a possibly schema-qualified name for SQL.
 func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 
@@ -128,6 +154,9 @@ type names struct {
 	FailedIdx                                          string
 	LogWriteFunc                                       string // migration 9
 	LogPrefixLiteral, SchemaLiteral, TableLiteral      string // quoted literals
+	DispatchedIdx, ParkedIdx                           string // named by PostgreSQL before, see autoIndexName
+	KeySyncFunc, KeySyncTrigger, KeyNotNull            string // migration 7's new column, until the swap
+	AggregateIdxNew, RetryIdxNew                       string
 	Channel                                            string // raw, for pg_notify and LISTEN
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
@@ -151,6 +180,14 @@ func (c Config) names() names {
 		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
 		HandoffIdx:     ident(c.Table + "_handoff_agg"),
 		FailedIdx:      ident(c.Table + "_failed"),
+		DispatchedIdx:  ident(autoIndexName(c.Table, "dispatched_at")),
+		ParkedIdx:      ident(autoIndexName(c.Table, "id")),
+
+		KeySyncFunc:     ident(c.Schema, c.Table+"_key_sync"),
+		KeySyncTrigger:  ident(c.Table + "_key_sync"),
+		KeyNotNull:      ident(c.Table + "_key_notnull"),
+		AggregateIdxNew: ident(c.Table + "_agg_new"),
+		RetryIdxNew:     ident(c.Table + "_retry_new"),
 
 		KeyCheck:         ident(c.Table + "_key_check"),
 		PayloadCheck:     ident(c.Table + "_payload_check"),

@@ -212,23 +212,7 @@ func upgradeFrom(t *testing.T, v int) (*pgxpool.Pool, store.Config) {
 // would have.
 func migrateTo(ctx context.Context, t *testing.T, pool *pgxpool.Pool, cfg store.Config, v int) {
 	t.Helper()
-	migs, err := store.Migrations(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mt := pgx.Identifier{cfg.Schema, cfg.Table + "_migrations"}.Sanitize()
-	stmts := []string{
-		"CREATE SCHEMA " + pgx.Identifier{cfg.Schema}.Sanitize(),
-		"CREATE TABLE " + mt + " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-	}
-	for _, m := range migs {
-		if m.Version <= v {
-			stmts = append(stmts, m.SQL, "INSERT INTO "+mt+" (version, name) VALUES ("+strconv.Itoa(m.Version)+", '"+m.Name+"')")
-		}
-	}
-	for _, s := range stmts {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
+	if _, err := store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{To: v}); err != nil {
+		t.Fatalf("migrate to version %d: %v", v, err)
 	}
 }

@@ -25,9 +25,13 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool, cfg Config) error {
 		return err
 	}
 	want := migs[len(migs)-1].Version
-	have, err := SchemaVersion(ctx, pool, cfg)
+	have, partial, steps, err := SchemaProgress(ctx, pool, cfg)
 	if err != nil {
 		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, err)
+	}
+	if partial > have && have < want {
+		return fmt.Errorf("check schema %s.%s: at version %d with migration %d stopped after step %d, this build needs %d: %w",
+			cfg.Schema, cfg.Table, have, partial, steps, want, ErrNotMigrated)
 	}
 	if have == 0 {
 		return fmt.Errorf("check schema %s.%s: %w", cfg.Schema, cfg.Table, ErrNotMigrated)

@@ -149,19 +149,11 @@ func (b *bench) migration7Section(ctx context.Context, rep *report) error {
 	cfg.NotifyChannel = cfg.Schema
 	q := ident(cfg.Schema)
 	defer func() { _, _ = b.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+q+" CASCADE") }()
-	migs, err := store.Migrations(cfg)
-	if err != nil {
+	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
 		return err
 	}
-	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE; CREATE SCHEMA "+q); err != nil {
+	if _, err := store.MigrateWith(ctx, b.pool, cfg, store.MigrateOptions{To: 6}); err != nil {
 		return err
-	}
-	for _, m := range migs {
-		if m.Version <= 6 {
-			if _, err := b.pool.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("apply migration %d: %w", m.Version, err)
-			}
-		}
 	}
 	table := outboxTable(cfg)
 	pool, err := b.producerPool(ctx)
@@ -220,12 +212,8 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 
 	// Migrate in place, the backlog with it, and claim the same rows again.
 	start := time.Now()
-	for _, m := range migs {
-		if m.Version == 7 {
-			if _, err := b.pool.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("apply migration 7: %w", err)
-			}
-		}
+	if _, err := store.MigrateWith(ctx, b.pool, cfg, store.MigrateOptions{To: 7}); err != nil {
+		return fmt.Errorf("apply migration 7: %w", err)
 	}
 	rep.Migration7Took = time.Since(start)
 	b.log.Info("migration 7 applied", "backlog", claimB.Backlog, "took", rep.Migration7Took)

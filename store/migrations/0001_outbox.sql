@@ -1,5 +1,7 @@
 -- The outbox and the consumer dedupe table. Migrate creates the schema.
 
+--- step
+
 CREATE TABLE {{.Outbox}} (
     id            BIGSERIAL PRIMARY KEY,
     uid           UUID NOT NULL,        -- identity unique across outboxes

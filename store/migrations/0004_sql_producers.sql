@@ -1,7 +1,9 @@
 -- The table contract for producers that write plain SQL: a uid default,
 -- unique uids, checks on what the relay cannot publish, and a wake-up that
--- needs no pg_notify call.
+-- needs no pg_notify call. Each step below is short under its lock, or
+-- takes none that stops producers.
 
+--- step
 -- A time-ordered UUID (version 7, as the Go writer makes): 48 bits of Unix
 -- milliseconds, then random bits with the version set to 7.
 CREATE FUNCTION {{.EventIDFunc}}() RETURNS uuid LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
@@ -12,10 +14,12 @@ $$;
 
 ALTER TABLE {{.Outbox}} ALTER COLUMN uid SET DEFAULT {{.EventIDFunc}}();
 
+--- step
 -- Rows that already share a uid: consumers would drop all but the first as
 -- duplicates. Later ones get a fresh uid so the unique index can be built;
 -- those still pending are parked for an operator to look at, never
--- published unseen.
+-- published unseen. A scan of the table with row locks on the duplicates
+-- only: producers go on.
 WITH dup AS (
     SELECT id, uid, row_number() OVER (PARTITION BY uid ORDER BY id) AS n FROM {{.Outbox}}
 )
@@ -27,12 +31,14 @@ SET uid = {{.EventIDFunc}}(),
         ELSE o.parked_reason END
 FROM dup WHERE dup.id = o.id AND dup.n > 1;
 
-CREATE UNIQUE INDEX {{.EventIDIdx}} ON {{.Outbox}} (uid);
+--- step concurrently
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {{.EventIDIdx}} ON {{.Outbox}} (uid);
 
+--- step
 -- Pending rows that break the checks below are held for an operator first,
 -- as the relay would hold them, so the checks hold for every row. A held,
 -- parked or dispatched row is exempt: an operator can still park it or
--- fix it.
+-- fix it. The pending rows are found through the pending index.
 UPDATE {{.Outbox}}
 SET retry_at = 'infinity', attempts = attempts + 1,
     last_error = 'permanent: cannot relay row: held by migration 4: type or headers break the table''s checks'
@@ -42,6 +48,7 @@ WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS DISTINCT FROM 
           AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")')
           AND octet_length(headers::text) <= 65536)));
 
+--- step
 -- NOT VALID: new and updated rows are checked at once, without a scan of
 -- the table under lock. Every existing row passes after the update above,
 -- so `ALTER TABLE ... VALIDATE CONSTRAINT` succeeds when a DBA runs it.

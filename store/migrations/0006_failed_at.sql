@@ -2,8 +2,11 @@
 -- console: failures grouped by error with first and last seen, and failures
 -- per minute. A column without a default is added without rewriting the
 -- table.
+
+--- step
 ALTER TABLE {{.Outbox}} ADD COLUMN failed_at TIMESTAMPTZ;
 
+--- step concurrently
 -- Failed events only: an insert by a producer (failed_at NULL) adds no
 -- entry, and the failure update of the relay already changes indexed columns.
-CREATE INDEX {{.FailedIdx}} ON {{.Outbox}} (failed_at) WHERE failed_at IS NOT NULL;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{.FailedIdx}} ON {{.Outbox}} (failed_at) WHERE failed_at IS NOT NULL;

@@ -2,49 +2,114 @@
 -- payload bytes with a content type, a topic per event, a time before
 -- which an event is not published, and one function that writes an event
 -- from any language.
-
+--
 -- The aggregate key becomes text. COLLATE "C" compares bytes, as the uuid
 -- column did, so the claim's indexes and the ordered gate stay as cheap:
 -- no locale rules run per comparison. Existing keys keep their canonical
--- lowercase UUID text. The type change rewrites the table and its indexes
--- once and checks the new constraints in the same pass.
+-- lowercase UUID text. Changing the column's type in place would rewrite
+-- the table under an exclusive lock, stopping producers for as long as
+-- the rewrite takes, so the text column is added beside it, kept in step
+-- by a trigger, filled in batches, indexed concurrently and swapped in by
+-- a catalog change. The new checks are added NOT VALID and validated
+-- under a lock that lets producers go on.
 --
 -- payload stays JSON, so JSON payloads keep their exact bytes and their
 -- validation by PostgreSQL. Any other content type goes in payload_bytes,
 -- passed to the broker byte for byte. content_type NULL means
 -- application/json. topic NULL leaves the choice to the relay's routing.
 -- deliver_at holds the event until then (see the trigger below).
+
+--- step
+-- The trigger fills the new column in every row written from now on,
+-- inserted or updated, so the checks hold for them at once. A producer
+-- that sets aggregate_id_text itself gets it replaced.
+CREATE FUNCTION {{.KeySyncFunc}}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.aggregate_id_text := NEW.aggregate_id::text;
+    RETURN NEW;
+END
+$$;
+
 ALTER TABLE {{.Outbox}}
-    ALTER COLUMN aggregate_id TYPE text COLLATE "C" USING aggregate_id::text,
+    ADD COLUMN aggregate_id_text text COLLATE "C",
     ALTER COLUMN payload DROP NOT NULL,
     ADD COLUMN payload_bytes bytea,
     ADD COLUMN content_type  text,
     ADD COLUMN topic         text,
     ADD COLUMN deliver_at    timestamptz,
+    ADD CONSTRAINT {{.KeyNotNull}} CHECK (aggregate_id_text IS NOT NULL) NOT VALID,
     ADD CONSTRAINT {{.KeyCheck}} CHECK (
-        octet_length(aggregate_id) BETWEEN 1 AND 255 AND aggregate_id !~ '[[:cntrl:]]'),
+        octet_length(aggregate_id_text) BETWEEN 1 AND 255 AND aggregate_id_text !~ '[[:cntrl:]]') NOT VALID,
     -- A JSON content type (application/json, anything ending in +json, or
     -- none) goes in payload, every other in payload_bytes; exactly one is set.
     ADD CONSTRAINT {{.PayloadCheck}} CHECK (CASE
         WHEN content_type IS NULL OR lower(btrim(split_part(content_type, ';', 1))) ~ '^(application/json|[^/]+/[^/]+\+json)$'
         THEN payload IS NOT NULL AND payload_bytes IS NULL
-        ELSE payload IS NULL AND payload_bytes IS NOT NULL END),
+        ELSE payload IS NULL AND payload_bytes IS NOT NULL END) NOT VALID,
     ADD CONSTRAINT {{.ContentTypeCheck}} CHECK (content_type IS NULL OR (
         octet_length(content_type) <= 255 AND content_type !~ '[[:cntrl:]]'
-        AND content_type ~ '^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*[[:space:]]*(;.*)?$')),
+        AND content_type ~ '^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*[[:space:]]*(;.*)?$')) NOT VALID,
     ADD CONSTRAINT {{.TopicCheck}} CHECK (topic IS NULL OR (
-        octet_length(topic) BETWEEN 1 AND 255 AND topic !~ '[[:space:][:cntrl:]]')),
-    ADD CONSTRAINT {{.DeliverCheck}} CHECK (deliver_at IS NULL OR isfinite(deliver_at));
+        octet_length(topic) BETWEEN 1 AND 255 AND topic !~ '[[:space:][:cntrl:]]')) NOT VALID,
+    ADD CONSTRAINT {{.DeliverCheck}} CHECK (deliver_at IS NULL OR isfinite(deliver_at)) NOT VALID,
+    -- Header names the relay sets itself. NOT VALID for good, as the checks
+    -- of migration 4: rows written before keep going out (the relay's
+    -- values replace theirs), new ones are refused.
+    ADD CONSTRAINT {{.ReservedCheck}} CHECK (
+        dispatched_at IS NOT NULL OR parked_at IS NOT NULL OR retry_at IS NOT DISTINCT FROM 'infinity'
+        OR headers IS NULL OR jsonb_typeof(headers) <> 'object'
+        OR NOT headers ?| ARRAY['event_id', 'event_seq', 'event_uid', 'type', 'aggregate_id', 'content-type']
+    ) NOT VALID;
 
--- Header names the relay sets itself. NOT VALID, as the checks of
--- migration 4: rows written before keep going out (the relay's values
--- replace theirs), new ones are refused.
-ALTER TABLE {{.Outbox}} ADD CONSTRAINT {{.ReservedCheck}} CHECK (
-    dispatched_at IS NOT NULL OR parked_at IS NOT NULL OR retry_at IS NOT DISTINCT FROM 'infinity'
-    OR headers IS NULL OR jsonb_typeof(headers) <> 'object'
-    OR NOT headers ?| ARRAY['event_id', 'event_seq', 'event_uid', 'type', 'aggregate_id', 'content-type']
-) NOT VALID;
+-- The WHEN test runs without a function call, so the batches below, which
+-- set the column themselves, pay for no trigger.
+CREATE TRIGGER {{.KeySyncTrigger}} BEFORE INSERT OR UPDATE ON {{.Outbox}}
+    FOR EACH ROW WHEN (NEW.aggregate_id_text IS DISTINCT FROM NEW.aggregate_id::text)
+    EXECUTE FUNCTION {{.KeySyncFunc}}();
 
+--- step batch
+-- The rows written before the trigger, a range of seq at a time: row
+-- locks on that range only.
+UPDATE {{.Outbox}} SET aggregate_id_text = aggregate_id::text
+WHERE seq >= $1 AND seq < $2 AND aggregate_id_text IS NULL;
+
+--- step concurrently
+-- The batches left a dead version of every row; vacuum clears them now,
+-- so the index builds below read less and autovacuum does not hold the
+-- table when the swap needs its lock.
+VACUUM {{.Outbox}};
+
+--- step concurrently
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{.AggregateIdxNew}} ON {{.Outbox}} (aggregate_id_text, seq)
+    WHERE dispatched_at IS NULL AND parked_at IS NULL;
+
+--- step concurrently
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{.RetryIdxNew}} ON {{.Outbox}} (aggregate_id_text)
+    WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL;
+
+--- step
+-- Scans of the table under SHARE UPDATE EXCLUSIVE: producers go on.
+ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.KeyNotNull}};
+ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.KeyCheck}};
+ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.PayloadCheck}};
+ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.ContentTypeCheck}};
+ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.TopicCheck}};
+ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.DeliverCheck}};
+
+--- step
+-- The swap, a catalog change: SET NOT NULL skips its scan because the
+-- validated check proves it; dropping the uuid column drops its two
+-- indexes, and the new ones take their names.
+ALTER TABLE {{.Outbox}} ALTER COLUMN aggregate_id_text SET NOT NULL;
+DROP TRIGGER {{.KeySyncTrigger}} ON {{.Outbox}};
+DROP FUNCTION {{.KeySyncFunc}}();
+ALTER TABLE {{.Outbox}} DROP COLUMN aggregate_id;
+ALTER TABLE {{.Outbox}} RENAME COLUMN aggregate_id_text TO aggregate_id;
+ALTER TABLE {{.Outbox}} DROP CONSTRAINT {{.KeyNotNull}};
+ALTER INDEX {{.Schema}}.{{.AggregateIdxNew}} RENAME TO {{.AggregateIdx}};
+ALTER INDEX {{.Schema}}.{{.RetryIdxNew}} RENAME TO {{.RetryIdx}};
+
+--- step
 -- A scheduled event is one whose retry_at is set before its first
 -- attempt: the claim leaves it pending until then and, in ordered mode,
 -- holds the later events of its aggregate behind it, as it does for a

@@ -3,6 +3,8 @@
 -- rejection) and every later event of that aggregate are handed to the
 -- table path instead: handoff_at says when. Rows the log relay publishes
 -- itself, and every row in table mode, keep it NULL.
+
+--- step
 ALTER TABLE {{.Outbox}} ADD COLUMN handoff_at TIMESTAMPTZ;
 
 -- The rows the table path of log mode claims: the view keeps the table's
@@ -15,7 +17,8 @@ ALTER TABLE {{.Outbox}} ADD COLUMN handoff_at TIMESTAMPTZ;
 CREATE VIEW {{.HandoffView}} AS
     SELECT * FROM {{.Outbox}} WHERE handoff_at IS NOT NULL;
 
+--- step concurrently
 -- Pending handed-off rows, usually few: the log relay asks, per event of
 -- an aggregate it handed over, whether that aggregate still has some.
-CREATE INDEX {{.HandoffIdx}} ON {{.Outbox}} (aggregate_id, seq)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{.HandoffIdx}} ON {{.Outbox}} (aggregate_id, seq)
     WHERE handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL;

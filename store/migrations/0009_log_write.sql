@@ -8,6 +8,8 @@
 -- else it
 -- raises in the producer's transaction. The check runs once per
 -- transaction: a transaction-local setting remembers it.
+
+--- step
 CREATE FUNCTION {{.LogWriteFunc}}(message text) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF current_setting('outbox.log_slot_checked', true) IS DISTINCT FROM {{.LogPrefixLiteral}} THEN

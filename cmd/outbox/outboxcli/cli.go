@@ -193,13 +193,16 @@ func migrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox tables",
-		Long: "migrate applies the migrations the schema does not have yet, in one transaction.\n\n" +
-			"With --print it changes nothing and prints them instead, as SQL for a DBA to apply with a tool\n" +
-			"of their own, with the configured schema and table names filled in: the statements that create\n" +
-			"the schema and the migrations table if missing, then each migration followed by the INSERT that\n" +
-			"records its version, so that outbox sees the schema as migrated afterwards. --print reads the\n" +
-			"database's version to leave out what is applied; --print --all prints every migration and needs\n" +
-			"no database.",
+		Long: "migrate applies the migrations the schema does not have yet, step by step, while producers\n" +
+			"go on writing: no step holds a lock that blocks their INSERTs for longer than a lock_timeout\n" +
+			"(500ms, retried with backoff) plus a catalog change. Each step is recorded as it completes, so a\n" +
+			"migrate that was stopped resumes where it stopped; concurrent runs wait for each other.\n\n" +
+			"With --print it changes nothing and prints them instead, as SQL for a DBA to apply with psql in\n" +
+			"its default autocommit mode, with the configured schema and table names filled in: the statements\n" +
+			"that create the schema and the migrations table if missing, then each step, in a transaction or\n" +
+			"outside one as it must run, each statement with the lock it takes, and the INSERT that records\n" +
+			"the step, so that outbox sees the schema as migrated afterwards. --print reads the database's\n" +
+			"progress to leave out what is applied; --print --all prints every migration and needs no database.",
 		Example: "  outbox migrate\n" +
 			"  outbox migrate --print > outbox.sql\n" +
 			"  outbox migrate --print --all --schema billing",
@@ -214,7 +217,7 @@ func migrateCmd() *cobra.Command {
 					return usageError(err)
 				}
 				commandMasker(cmd).add(secretsOf(l.k)...)
-				return printMigrations(cmd.OutOrStdout(), cfg.StoreConfig(), 0)
+				return printMigrations(cmd.OutOrStdout(), cfg.StoreConfig(), 0, 0, 0)
 			}
 			e, err := setup(cmd)
 			if err != nil {
@@ -226,13 +229,13 @@ func migrateCmd() *cobra.Command {
 			}
 			defer pool.Close()
 			if printSQL {
-				have, err := store.SchemaVersion(cmd.Context(), pool, e.cfg.StoreConfig())
+				have, partial, steps, err := store.SchemaProgress(cmd.Context(), pool, e.cfg.StoreConfig())
 				if err != nil {
 					return err
 				}
-				return printMigrations(e.out, e.cfg.StoreConfig(), have)
+				return printMigrations(e.out, e.cfg.StoreConfig(), have, partial, steps)
 			}
-			applied, err := store.Migrate(cmd.Context(), pool, e.cfg.StoreConfig())
+			applied, err := store.MigrateWith(cmd.Context(), pool, e.cfg.StoreConfig(), store.MigrateOptions{Log: e.log})
 			if err != nil {
 				return err
 			}
@@ -261,10 +264,10 @@ func commentName(sc store.Config) string {
 	return name
 }
 
-// printMigrations writes, as one script, the migrations after version
-// have with the statements that record them, in a transaction like
-// Migrate's.
-func printMigrations(w io.Writer, cfg store.Config, have int) error {
+// printMigrations writes, as one psql script, the migrations after
+// version have, each step as Migrate runs it with the statement that
+// records it; of migration partial, only the steps after the first steps.
+func printMigrations(w io.Writer, cfg store.Config, have, partial, steps int) error {
 	sc, err := cfg.WithDefaults()
 	if err != nil {
 		return usageError(err)
@@ -288,21 +291,44 @@ func printMigrations(w io.Writer, cfg store.Config, have int) error {
 		return err
 	}
 	fmt.Fprintf(w, "-- outbox migrations %d to %d for %s\n", pending[0].Version, pending[len(pending)-1].Version, commentName(sc))
-	fmt.Fprintln(w, "BEGIN;")
+	fmt.Fprintln(w, "-- Run with psql in autocommit mode (not --single-transaction): some steps run outside a")
+	fmt.Fprintln(w, "-- transaction. A step whose lock blocks producers sets lock_timeout; if it fails with")
+	fmt.Fprintln(w, "-- \"canceling statement due to lock timeout\", print the script again with --print (it leaves")
+	fmt.Fprintln(w, "-- out the steps recorded as done) and run that.")
+	fmt.Fprintln(w, `\set ON_ERROR_STOP on`)
 	for _, s := range setup {
 		fmt.Fprintf(w, "%s;\n", s)
 	}
 	for _, m := range pending {
-		rec, err := store.MigrationRecordSQL(sc, m)
-		if err != nil {
-			return err
+		for i, st := range m.Steps {
+			if m.Version == partial && i < steps {
+				continue
+			}
+			rec, err := store.MigrationStepRecordSQL(sc, m, i)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "\n-- %04d_%s step %d of %d, %s\n", m.Version, m.Name, i+1, len(m.Steps), st.Kind)
+			switch st.Kind {
+			case store.StepTx:
+				fmt.Fprintln(w, "BEGIN;")
+				if st.BlocksWrites() {
+					fmt.Fprintf(w, "SET LOCAL lock_timeout = '%dms';\n", store.DefaultLockTimeout.Milliseconds())
+				}
+				for _, x := range st.Statements {
+					fmt.Fprintf(w, "-- lock: %s\n%s;\n", x.Lock, x.SQL)
+				}
+				fmt.Fprintf(w, "%s;\nCOMMIT;\n", rec)
+			case store.StepBatch:
+				do, err := store.BatchSQL(sc, st, store.DefaultBatchRows)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(w, "-- lock: %s\n%s;\n%s;\n", st.Statements[0].Lock, do, rec)
+			default:
+				fmt.Fprintf(w, "-- lock: %s\n%s;\n%s;\n", st.Statements[0].Lock, st.Statements[0].SQL, rec)
+			}
 		}
-		body := strings.TrimRight(m.SQL, "\n \t\r")
-		if !strings.HasSuffix(body, ";") {
-			body += "\n;" // on a line of its own, past a trailing comment
-		}
-		fmt.Fprintf(w, "\n-- %04d_%s\n%s\n%s;\n", m.Version, m.Name, body, rec)
 	}
-	_, err = fmt.Fprintln(w, "\nCOMMIT;")
-	return err
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/pflag"
@@ -107,6 +108,7 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Schema, sc.Table + "_handoff"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_schedule"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_write"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_key_sync"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table}.Sanitize(),
 		pgx.Identifier{sc.Table + "_reserved_check"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_deliver_check"}.Sanitize(),
@@ -124,6 +126,12 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Table + "_retrying"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_failed"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_key_sync"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_key_notnull"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_agg_new"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_retry_new"}.Sanitize(),
+		pgx.Identifier{autoIndexName(sc.Table, "dispatched_at")}.Sanitize(),
+		pgx.Identifier{autoIndexName(sc.Table, "id")}.Sanitize(),
 		pgx.Identifier{sc.ProcessedTable + "_at"}.Sanitize(),
 		pgx.Identifier{sc.Schema}.Sanitize(),
 		pgx.Identifier{role}.Sanitize(),
@@ -143,4 +151,22 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 			t.Fatalf("a quote outside the quoted names: the SQL\n%s\nleaves\n%s", s, rest)
 		}
 	}
+}
+
+// autoIndexName is the name PostgreSQL gives an index on table (column)
+// when none is given, the longer part clipped first to fit 63 bytes:
+// migrations 2 and 3 name their indexes so.
+func autoIndexName(table, column string) string {
+	t, c := len(table), len(column)
+	for t+c > 63-len("_idx")-1 {
+		if t > c {
+			t--
+		} else {
+			c--
+		}
+	}
+	for t > 0 && t < len(table) && !utf8.RuneStart(table[t]) {
+		t--
+	}
+	return table[:t] + "_" + column[:c] + "_idx"
 }

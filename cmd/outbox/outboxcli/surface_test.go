@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -143,31 +146,67 @@ func TestMigratePrint(t *testing.T) {
 	if !strings.Contains(out, `CREATE TABLE "dba_x"."evts"`) || strings.Contains(out, "{{") {
 		t.Errorf("names not filled in:\n%s", out)
 	}
+	// Every statement comes with the lock it takes, and each step says
+	// whether it runs in a transaction; those whose lock blocks producers
+	// set lock_timeout.
+	for _, want := range []string{
+		"-- 0007_producers step 2 of 8, in batches over seq, a transaction each\n-- lock: ROW EXCLUSIVE, producers go on",
+		"-- 0002_retention step 1 of 1, outside a transaction\n-- lock: SHARE UPDATE EXCLUSIVE, producers go on (while the index is built)\nCREATE INDEX CONCURRENTLY",
+		"-- 0005_event_identity step 1 of 1, in a transaction\nBEGIN;\nSET LOCAL lock_timeout = '500ms';\n-- lock: ACCESS EXCLUSIVE, blocks producers (catalog change only, under lock_timeout)\nALTER TABLE",
+		"-- lock: SHARE UPDATE EXCLUSIVE, producers go on (while the rows are checked)\nALTER TABLE \"dba_x\".\"evts\" VALIDATE CONSTRAINT",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--print --all lacks %q", want)
+		}
+	}
+	stmts := 0
+	for _, m := range migs {
+		for _, s := range m.Steps {
+			stmts += len(s.Statements)
+		}
+	}
+	if n := strings.Count(out, "\n-- lock: "); n != stmts {
+		t.Errorf("--print --all names the lock of %d statements, want all %d", n, stmts)
+	}
 	// A name that could end a comment line is quoted in the script's comments.
 	out, _, err = runCLI(ctx, "migrate", "--print", "--all", "--schema", "a\nb")
-	if err != nil || !strings.HasPrefix(out, "-- outbox migrations 1 to ") || !strings.Contains(out, "\nBEGIN;\n") ||
-		strings.Split(out, "\n")[1] != "BEGIN;" {
+	if err != nil || !strings.HasPrefix(out, "-- outbox migrations 1 to ") || strings.Contains(strings.Split(out, "\n")[0], "\nb") {
 		t.Errorf("schema name with a newline:\n%.300s\n%v", out, err)
 	}
 	if _, _, err := runCLI(ctx, "migrate", "--all"); ExitCode(err) != ExitUsage {
 		t.Errorf("--all without --print: %v", err)
 	}
 
-	// Applied by another tool, the printed script leaves a schema outbox
-	// takes as migrated.
+	// Applied by psql, the printed script leaves a schema outbox takes as
+	// migrated.
+	psql := psqlPath(t)
 	admin := pgtest.NewPool(t)
 	t.Setenv("DATABASE_URL", pgtest.URL(t))
 	schema := "dba_" + randomHex(4)
 	t.Cleanup(func() {
 		_, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	})
+	apply := func(script string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, psql, "-X", "-q", "-d", pgtest.URL(t))
+		cmd.Stdin = strings.NewReader(script)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("psql: %v\n%s", err, b)
+		}
+	}
+	// Part of the way: a schema at version 6, then what --print says.
+	if _, err := store.MigrateWith(ctx, admin, store.Config{Schema: schema}, store.MigrateOptions{To: 6}); err != nil {
+		t.Fatal(err)
+	}
 	out, _, err = runCLI(ctx, "migrate", "--print", "--schema", schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Exec(ctx, out); err != nil {
-		t.Fatalf("apply printed migrations: %v\n%s", err, out)
+	header := func(m store.Migration) string { return fmt.Sprintf("-- %04d_%s step 1 ", m.Version, m.Name) }
+	if !strings.Contains(out, header(migs[6])) || strings.Contains(out, header(migs[5])) {
+		t.Errorf("migrate --print at version 6:\n%s", out)
 	}
+	apply(out)
 	if err := store.CheckSchema(ctx, admin, store.Config{Schema: schema}); err != nil {
 		t.Fatal(err)
 	}
@@ -177,16 +216,49 @@ func TestMigratePrint(t *testing.T) {
 	if out, _, err := runCLI(ctx, "migrate", "--print", "--schema", schema); err != nil || !strings.Contains(out, "nothing to apply") {
 		t.Errorf("migrate --print when up to date: %q, %v", out, err)
 	}
-	// Only what the database lacks is printed.
+	// A fresh schema from the whole script.
+	fresh := "dba_" + randomHex(4)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{fresh}.Sanitize()+" CASCADE")
+	})
+	out, _, err = runCLI(ctx, "migrate", "--print", "--schema", fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(out)
+	if err := store.CheckSchema(ctx, admin, store.Config{Schema: fresh}); err != nil {
+		t.Fatal(err)
+	}
+	// A migration stopped midway: only its steps not done are printed.
 	last := migs[len(migs)-1]
-	if _, err := admin.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "events_outbox_migrations"}.Sanitize()+" WHERE version = $1", last.Version); err != nil {
+	for i := len(migs) - 1; len(last.Steps) < 2; i-- {
+		last = migs[i-1]
+	}
+	mt := pgx.Identifier{schema, "events_outbox_migrations"}.Sanitize()
+	if _, err := admin.Exec(ctx, "UPDATE "+mt+" SET step = 1 WHERE version = $1", last.Version); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "DELETE FROM "+mt+" WHERE version > $1", last.Version); err != nil {
 		t.Fatal(err)
 	}
 	out, _, err = runCLI(ctx, "migrate", "--print", "--schema", schema)
-	header := func(m store.Migration) string { return fmt.Sprintf("-- %04d_%s\n", m.Version, m.Name) }
-	if err != nil || !strings.Contains(out, header(last)) || strings.Contains(out, header(migs[0])) {
-		t.Errorf("migrate --print at version %d:\n%s\n%v", last.Version-1, out, err)
+	stepTwo := fmt.Sprintf("-- %04d_%s step 2 ", last.Version, last.Name)
+	if err != nil || !strings.Contains(out, stepTwo) || strings.Contains(out, header(last)) || strings.Contains(out, header(migs[0])) {
+		t.Errorf("migrate --print with migration %d at step 1:\n%s\n%v", last.Version, out, err)
 	}
+}
+
+// psqlPath finds psql beside the test server's binaries, or on PATH.
+func psqlPath(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("OUTBOX_TEST_PG_BIN"); dir != "" {
+		return filepath.Join(dir, "psql")
+	}
+	p, err := exec.LookPath("psql")
+	if err != nil {
+		t.Skip("psql not found: applies the printed migrations with it")
+	}
+	return p
 }
 
 func TestExitCodes(t *testing.T) {

@@ -1,0 +1,6 @@
+-- One vocabulary for event identity. event_id is the event's identity: the
+-- header consumers dedupe on and the key of the processed table. seq is
+-- the event's position in this table. Renaming keeps the data, indexes,
+-- constraints and the sequence (still named after id) as they are.
+ALTER TABLE {{.Outbox}} RENAME COLUMN uid TO event_id;
+ALTER TABLE {{.Outbox}} RENAME COLUMN id TO seq;
