@@ -19,17 +19,20 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // Knobs of the run, from the environment:
 //
-//	OUTBOX_ORACLE_HISTORIES  histories per mode (default 10: the short run of `make test`)
+//	OUTBOX_ORACLE_HISTORIES  histories per mode (default 12: the short run of `make test`)
 //	OUTBOX_ORACLE_SEED       the first seed (default: from the clock, printed); with
 //	                         OUTBOX_ORACLE_HISTORIES=1 it replays one history
 //	OUTBOX_ORACLE_STEPS      steps per history (default 8)
 //	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default all)
 //	OUTBOX_ORACLE_KNOWN=fail report the known defects as failures, and shrink them
 const (
-	defaultHistories = 10
+	defaultHistories = 12
 	defaultSteps     = 8
 	// shrinkRuns bounds the reruns spent shrinking one failing history.
 	shrinkRuns = 40
+	// concurrency is how many histories run at once, each on its own
+	// outbox (schema, slots).
+	concurrency = 6
 )
 
 func envInt(t *testing.T, name string, def int) int {
@@ -160,7 +163,6 @@ func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Vio
 
 // stats are a mode's figures over the run.
 type stats struct {
-	mu                                  sync.Mutex
 	histories, deliveries, dups, resets int
 	excused                             map[oracle.Promise]int
 }
@@ -192,45 +194,55 @@ func TestOracle(t *testing.T) {
 	}
 	t.Logf("seeds %d..%d, %d histories of %d steps per mode (OUTBOX_ORACLE_SEED=%d replays the first)", seed, seed+uint64(histories)-1, histories, steps, seed)
 	start := time.Now()
+	// A history mostly waits (for settle points, scheduled events), so
+	// several run at once, across modes, whatever go test's -parallel says.
+	sem := make(chan struct{}, concurrency)
+	var modesWG sync.WaitGroup
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) {
-			if mode.Log() {
-				pgtest.Logical(t)
-			}
-			st := &stats{excused: map[oracle.Promise]int{}}
-			results := make([]result, histories)
-			t.Run("histories", func(t *testing.T) {
+		modesWG.Go(func() {
+			t.Run(mode.String(), func(t *testing.T) {
+				if mode.Log() {
+					pgtest.Logical(t)
+				}
+				st := &stats{excused: map[oracle.Promise]int{}}
+				results := make([]result, histories)
+				var wg sync.WaitGroup
 				for i := range histories {
-					t.Run(fmt.Sprint(seed+uint64(i)), func(t *testing.T) {
-						t.Parallel()
-						results[i] = run(t, oracle.Generate(mode, seed+uint64(i), steps))
+					sem <- struct{}{}
+					wg.Go(func() {
+						defer func() { <-sem }()
+						t.Run(fmt.Sprint(seed+uint64(i)), func(t *testing.T) {
+							results[i] = run(t, oracle.Generate(mode, seed+uint64(i), steps))
+						})
 					})
 				}
-			})
-			if t.Failed() {
-				return
-			}
-			for i, res := range results {
-				st.histories++
-				st.deliveries += res.deliveries
-				st.dups += res.duplicates
-				st.resets += res.restarts
-				bad, excused := failing(mode, res.violations)
-				for _, v := range excused {
-					st.excused[v.Promise]++
-				}
-				if len(bad) > 0 {
-					h := oracle.Generate(mode, seed+uint64(i), steps)
-					small, vs := shrink(t, h, bad[0].Promise)
-					t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s",
-						h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, mode)
+				wg.Wait()
+				if t.Failed() {
 					return
 				}
-			}
-			t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay stops and kills; known defects seen: %v",
-				mode, st.histories, st.deliveries, st.dups, st.resets, st.excused)
+				for i, res := range results {
+					st.histories++
+					st.deliveries += res.deliveries
+					st.dups += res.duplicates
+					st.resets += res.restarts
+					bad, excused := failing(mode, res.violations)
+					for _, v := range excused {
+						st.excused[v.Promise]++
+					}
+					if len(bad) > 0 {
+						h := oracle.Generate(mode, seed+uint64(i), steps)
+						small, vs := shrink(t, h, bad[0].Promise)
+						t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s",
+							h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, mode)
+						return
+					}
+				}
+				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay stops and kills; known defects seen: %v",
+					mode, st.histories, st.deliveries, st.dups, st.resets, st.excused)
+			})
 		})
 	}
+	modesWG.Wait()
 	t.Logf("%d modes in %s", len(modes), time.Since(start).Round(100*time.Millisecond))
 }
 
@@ -349,24 +361,28 @@ func txs(h oracle.History) int {
 // longer does, its fix is merged and its entry must go, so that the
 // promise is checked again in every run.
 func TestKnownDefectsStillFail(t *testing.T) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, k := range knownDefects {
-		t.Run(k.mode.String()+"/"+string(k.promise), func(t *testing.T) {
-			if k.mode.Log() {
-				pgtest.Logical(t)
-			}
-			if k.repro.Mode != k.mode {
-				t.Fatalf("the reproduction runs in mode %s, the entry names %s", k.repro.Mode, k.mode)
-			}
-			var res result
-			t.Run("run", func(t *testing.T) { res = run(t, k.repro) })
-			for _, v := range res.violations {
-				if v.Promise == k.promise {
-					t.Logf("still broken (%s): %s", k.what, v)
-					return
+		wg.Go(func() {
+			t.Run(k.mode.String()+"/"+string(k.promise), func(t *testing.T) {
+				if k.mode.Log() {
+					pgtest.Logical(t)
 				}
-			}
-			t.Errorf("the known defect %q no longer shows in mode %s: remove its entry from knownDefects (its promise is then checked again); violations: %v\n%s",
-				k.what, k.mode, res.violations, k.repro)
+				if k.repro.Mode != k.mode {
+					t.Fatalf("the reproduction runs in mode %s, the entry names %s", k.repro.Mode, k.mode)
+				}
+				var res result
+				t.Run("run", func(t *testing.T) { res = run(t, k.repro) })
+				for _, v := range res.violations {
+					if v.Promise == k.promise {
+						t.Logf("still broken (%s): %s", k.what, v)
+						return
+					}
+				}
+				t.Errorf("the known defect %q no longer shows in mode %s: remove its entry from knownDefects (its promise is then checked again); violations: %v\n%s",
+					k.what, k.mode, res.violations, k.repro)
+			})
 		})
 	}
 }

@@ -129,10 +129,12 @@ func (s *Sim) HandedOff(n int) {
 }
 
 // Operate applies an operator action taken at delivery counter mark,
-// after a settle point.
-func (s *Sim) Operate(st Step, mark int) {
+// after a settle point. Operators act on rows: row says whether the
+// event had one (a log-only event has one only once the log relay handed
+// it to the table); without one the action does nothing.
+func (s *Sim) Operate(st Step, mark int, row bool) {
 	e := s.events[st.Target]
-	if e == nil || !e.w.Committed {
+	if e == nil || !e.w.Committed || !row && st.Kind != Retry {
 		return
 	}
 	switch st.Kind {
