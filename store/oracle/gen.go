@@ -2,9 +2,18 @@ package oracle
 
 import "math/rand/v2"
 
-// Generate returns a random history of about steps steps for mode, the
-// same for the same seed.
-func Generate(mode Mode, seed uint64, steps int) History {
+// Shape sizes generated histories.
+type Shape struct {
+	Steps int // steps per history
+	// RestartPostgres adds PostgreSQL restarts: only for runs that own
+	// the server and run one history at a time.
+	RestartPostgres bool
+}
+
+// Generate returns a random history of mode, the same for the same seed
+// and shape.
+func Generate(mode Mode, seed uint64, shape Shape) History {
+	steps := shape.Steps
 	g := &gen{r: rand.New(rand.NewPCG(seed, uint64(mode)+1)), mode: mode, keys: 2 + int(seed%2)}
 	h := History{Mode: mode, Seed: seed, StartStopped: g.chance(0.2)}
 	running := !h.StartStopped
@@ -17,6 +26,8 @@ func Generate(mode Mode, seed uint64, steps int) History {
 			s, running = Step{Kind: StopRelay}, false
 		case running && x < 0.13:
 			s = Step{Kind: KillRelay}
+		case shape.RestartPostgres && x < 0.17:
+			s = Step{Kind: RestartPostgres}
 		case x < 0.35:
 			var ok bool
 			if s, ok = g.operator(); !ok {

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -29,6 +32,13 @@ import (
 // event is written by SQL with a payload over it, which the relay holds.
 const maxEventBytes = 2048
 
+// The server scripts/services.sh started: its binaries and data directory,
+// for PostgreSQL restarts.
+const (
+	envPGBin  = "OUTBOX_TEST_PG_BIN"
+	envPGData = "OUTBOX_TEST_PG_DATA"
+)
+
 // Bounds of one history's run. Everything owed is normally delivered
 // within a few hundred milliseconds (backoffs are 10-100 ms, a Soon event
 // is due 1.2 s after its write; four histories run at once); settleTimeout is the bound past which an
@@ -45,7 +55,8 @@ type result struct {
 	violations []oracle.Violation
 	deliveries int
 	duplicates int // deliveries beyond one per event not owed to a replay
-	restarts   int // relay kills and stops
+	restarts   int // relay kills and stops, PostgreSQL restarts
+	pgRestarts int
 }
 
 // run runs h against the real relay of its mode on a fresh outbox.
@@ -98,7 +109,7 @@ func run(t *testing.T, h oracle.History) result {
 		}
 	}
 	rec := d.pub.record(d.ids)
-	res := result{violations: d.sim.Check(rec), deliveries: len(rec), restarts: d.restarts}
+	res := result{violations: d.sim.Check(rec), deliveries: len(rec), restarts: d.restarts, pgRestarts: d.pgRestarts}
 	seen := map[string]int{}
 	for _, r := range rec {
 		seen[r.ID]++
@@ -123,11 +134,12 @@ type driver struct {
 	sim     *oracle.Sim
 	rng     *rand.Rand
 
-	ids      map[string]int // event id -> label
-	relay    *relay
-	slotMade bool
-	restarts int
-	replayed map[string]int // replays per event id
+	ids        map[string]int // event id -> label
+	relay      *relay
+	slotMade   bool
+	restarts   int
+	pgRestarts int
+	replayed   map[string]int // replays per event id
 }
 
 func (d *driver) idsByN() map[int]string {
@@ -150,6 +162,8 @@ func (d *driver) step(s oracle.Step) {
 	case oracle.StopRelay:
 		d.stop()
 		d.restarts++
+	case oracle.RestartPostgres:
+		d.restartPostgres()
 	case oracle.KillRelay:
 		if d.relay != nil {
 			d.relay.kill(d.t, d.pool)
@@ -540,4 +554,30 @@ func (b *broker) record(ids map[string]int) []oracle.Delivery {
 		out[i] = d
 	}
 	return out
+}
+
+// restartPostgres shuts the server down (fast: sessions end, open
+// transactions roll back) and starts it again, then waits for it.
+func (d *driver) restartPostgres() {
+	d.t.Helper()
+	bin, data := os.Getenv(envPGBin), os.Getenv(envPGData)
+	args := []string{"-D", data, "restart", "-m", "fast", "-w", "-t", "120", "-l", filepath.Join(filepath.Dir(data), "pgsock", "pg.log")}
+	name := filepath.Join(bin, "pg_ctl")
+	cmd := exec.Command(name, args...)
+	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
+		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		d.t.Fatalf("restart PostgreSQL: %v: %s", err, out)
+	}
+	d.restarts++
+	d.pgRestarts++
+	d.pool.Reset()
+	deadline := time.Now().Add(60 * time.Second)
+	for d.pool.Ping(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			d.t.Fatal("PostgreSQL did not answer within 60s of its restart")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -135,14 +135,15 @@ func (t Tx) String() string {
 type StepKind int
 
 const (
-	Write      StepKind = iota // Txs run concurrently (one or more)
-	StopRelay                  // graceful stop
-	StartRelay                 // start (a no-op while running)
-	KillRelay                  // its sessions terminated, then stopped without waiting; started again
-	Retry                      // operator retry of event Target
-	Park                       // operator park of event Target
-	Unpark                     // operator unpark of event Target
-	Replay                     // operator replay of event Target
+	Write           StepKind = iota // Txs run concurrently (one or more)
+	StopRelay                       // graceful stop
+	StartRelay                      // start (a no-op while running)
+	KillRelay                       // its sessions terminated, then stopped without waiting; started again
+	RestartPostgres                 // a fast shutdown of the server and a start (long runs only)
+	Retry                           // operator retry of event Target
+	Park                            // operator park of event Target
+	Unpark                          // operator unpark of event Target
+	Replay                          // operator replay of event Target
 )
 
 // Step is one step of a history.
@@ -169,6 +170,8 @@ func (s Step) String() string {
 		return "start relay"
 	case KillRelay:
 		return "kill relay, start it again"
+	case RestartPostgres:
+		return "restart PostgreSQL"
 	case Retry:
 		return fmt.Sprintf("retry #%d", s.Target)
 	case Park:

@@ -24,7 +24,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 //	                         OUTBOX_ORACLE_HISTORIES=1 it replays one history
 //	OUTBOX_ORACLE_STEPS      steps per history (default 8)
 //	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default all)
+//	OUTBOX_ORACLE_PG_RESTARTS=1  PostgreSQL restarts among the steps (one history
+//	                         at a time, on a server started by scripts/services.sh)
 //	OUTBOX_ORACLE_KNOWN=fail report the known defects as failures, and shrink them
+//	                         (fail:PROMISE: only those of that promise, such as fail:replay)
 const (
 	defaultHistories = 12
 	defaultSteps     = 8
@@ -138,7 +141,7 @@ func ev(n, key int, p oracle.Producer, opts ...any) oracle.EventSpec {
 }
 
 func known(mode oracle.Mode, p oracle.Promise) bool {
-	if os.Getenv("OUTBOX_ORACLE_KNOWN") == "fail" {
+	if v := os.Getenv("OUTBOX_ORACLE_KNOWN"); v == "fail" || v == "fail:"+string(p) {
 		return false
 	}
 	for _, k := range knownDefects {
@@ -163,8 +166,8 @@ func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Vio
 
 // stats are a mode's figures over the run.
 type stats struct {
-	histories, deliveries, dups, resets int
-	excused                             map[oracle.Promise]int
+	histories, deliveries, dups, resets, pgRestarts int
+	excused                                         map[oracle.Promise]int
 }
 
 // Every promise in every mode: generated histories run against the real
@@ -173,6 +176,14 @@ type stats struct {
 func TestOracle(t *testing.T) {
 	histories := envInt(t, "OUTBOX_ORACLE_HISTORIES", defaultHistories)
 	steps := envInt(t, "OUTBOX_ORACLE_STEPS", defaultSteps)
+	shape := oracle.Shape{Steps: steps, RestartPostgres: os.Getenv("OUTBOX_ORACLE_PG_RESTARTS") == "1"}
+	workers := concurrency
+	if shape.RestartPostgres {
+		if os.Getenv(envPGData) == "" {
+			t.Fatalf("OUTBOX_ORACLE_PG_RESTARTS=1 needs a server of the run's own: run it under scripts/services.sh")
+		}
+		workers = 1 // a restart would break the other histories' writes
+	}
 	seed := uint64(time.Now().UnixNano() % 1_000_000)
 	if v := os.Getenv("OUTBOX_ORACLE_SEED"); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -196,7 +207,7 @@ func TestOracle(t *testing.T) {
 	start := time.Now()
 	// A history mostly waits (for settle points, scheduled events), so
 	// several run at once, across modes, whatever go test's -parallel says.
-	sem := make(chan struct{}, concurrency)
+	sem := make(chan struct{}, workers)
 	var modesWG sync.WaitGroup
 	for _, mode := range modes {
 		modesWG.Go(func() {
@@ -212,7 +223,7 @@ func TestOracle(t *testing.T) {
 					wg.Go(func() {
 						defer func() { <-sem }()
 						t.Run(fmt.Sprint(seed+uint64(i)), func(t *testing.T) {
-							results[i] = run(t, oracle.Generate(mode, seed+uint64(i), steps))
+							results[i] = run(t, oracle.Generate(mode, seed+uint64(i), shape))
 						})
 					})
 				}
@@ -225,12 +236,13 @@ func TestOracle(t *testing.T) {
 					st.deliveries += res.deliveries
 					st.dups += res.duplicates
 					st.resets += res.restarts
+					st.pgRestarts += res.pgRestarts
 					bad, excused := failing(mode, res.violations)
 					for _, v := range excused {
 						st.excused[v.Promise]++
 					}
 					if len(bad) > 0 {
-						h := oracle.Generate(mode, seed+uint64(i), steps)
+						h := oracle.Generate(mode, seed+uint64(i), shape)
 						small, vs := shrink(t, h, bad[0].Promise)
 						t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s",
 							h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, mode)

@@ -320,12 +320,12 @@ func TestSimReplayAndSlot(t *testing.T) {
 
 func TestGenerate(t *testing.T) {
 	for _, mode := range Modes {
-		a, b := Generate(mode, 42, 12), Generate(mode, 42, 12)
+		a, b := Generate(mode, 42, Shape{Steps: 12}), Generate(mode, 42, Shape{Steps: 12})
 		if a.String() != b.String() {
 			t.Fatalf("%s: one seed gave two histories:\n%s\n%s", mode, a, b)
 		}
 		for seed := range uint64(200) {
-			h := Generate(mode, seed, 10)
+			h := Generate(mode, seed, Shape{Steps: 10, RestartPostgres: true})
 			for _, s := range h.Steps {
 				stopper := false
 				for _, tx := range s.Txs {
