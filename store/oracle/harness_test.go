@@ -213,11 +213,11 @@ func (d *driver) operate(s oracle.Step) {
 	var n int64
 	switch s.Kind {
 	case oracle.Retry:
-		n, err = d.ops.Retry(ctx, sel)
+		_, err = d.ops.Retry(ctx, sel)
 	case oracle.Park:
-		n, err = d.ops.Park(ctx, sel, "oracle")
+		_, err = d.ops.Park(ctx, sel, "oracle")
 	case oracle.Unpark:
-		n, err = d.ops.Unpark(ctx, sel)
+		_, err = d.ops.Unpark(ctx, sel)
 	case oracle.Replay:
 		n, err = d.ops.Replay(ctx, sel, store.ReplayOptions{})
 		d.replayed[id] += int(n)

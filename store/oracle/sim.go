@@ -310,7 +310,7 @@ func (s *Sim) missing(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 				later = true
 				continue
 			}
-			if later && o.points[k].st == mustNot && o.stopperAt(k) {
+			if later && o.points[k].st == mustNot && (o.stopper() || o.everParked) {
 				return PromiseOnlyLaterBlocked
 			}
 		}
@@ -320,11 +320,6 @@ func (s *Sim) missing(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 	}
 	return PromiseDelivery
 }
-
-// stopperAt says whether the event was held, scheduled far or parked at
-// settle point k (approximately: whether it is a stopper now or was
-// parked).
-func (e *simEvent) stopperAt(k int) bool { return e.stopper() || e.everParked }
 
 // checkOrder checks that first deliveries of each aggregate follow commit
 // order. In table mode only pairs whose seq order agrees with their commit
