@@ -46,7 +46,7 @@ const (
 // settleQuiet is how long the broker is watched after that for deliveries
 // the model forbids.
 const (
-	settleTimeout = 4 * time.Second
+	settleTimeout = 5 * time.Second
 	settleQuiet   = 250 * time.Millisecond
 )
 

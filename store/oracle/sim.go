@@ -275,7 +275,7 @@ func (s *Sim) Check(record []Delivery) []Violation {
 			case mustNot:
 				if prev == unwritten || prev == mustNot {
 					if d, ok := firstIn(ds, from, to); ok {
-						add(PromiseBlocked, "%s was delivered (publish %d) while it was held, parked or behind such an event", e.spec, d.Counter)
+						add(s.blockedBy(e, k, keyed), "%s was delivered (publish %d) while it was held, parked or behind such an event", e.spec, d.Counter)
 					}
 				}
 			}
@@ -294,6 +294,21 @@ func (s *Sim) Check(record []Delivery) []Violation {
 		out = append(out, s.checkOrder(keyed, byN)...)
 	}
 	return out
+}
+
+// blockedBy names the promise an event delivered while the model holds it
+// back breaks: when a log-only event written before the slot holds it
+// back, that event was lost, which is the promise broken.
+func (s *Sim) blockedBy(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
+	for _, o := range keyed[e.spec.Key] {
+		if o == e {
+			break
+		}
+		if o.w.BeforeSlot && !o.spec.Producer.Row() && o.points[k].st == mustNot {
+			return PromiseDeliveryBeforeSlot
+		}
+	}
+	return PromiseBlocked
 }
 
 // missing names the promise an undelivered event breaks.

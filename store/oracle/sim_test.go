@@ -363,3 +363,12 @@ func TestNormalizeDropsActionsOnEventsGone(t *testing.T) {
 		t.Fatalf("normalized to %v", got)
 	}
 }
+
+func TestSimBlamesTheLostEvent(t *testing.T) {
+	f := newFake(t, LogOnly)
+	f.s.Wrote(EventSpec{N: 1, Key: 1, Producer: GoLog, Sched: Far}, Written{ID: "a", Committed: true, CommitPos: 1, BeforeSlot: true})
+	f.ids[2] = "b"
+	f.s.Wrote(e(2, 1, GoLog), Written{ID: "b", Committed: true, CommitPos: 2})
+	f.settle(true, 2) // #1 was lost, so #2 went out
+	f.want(PromiseDeliveryBeforeSlot)
+}
