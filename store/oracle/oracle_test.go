@@ -174,6 +174,7 @@ type stats struct {
 // relays and PostgreSQL, the broker's record checked against the model.
 // A failing history is shrunk and printed as steps with its seed.
 func TestOracle(t *testing.T) {
+	pgtest.URL(t) // skips without a server
 	histories := envInt(t, "OUTBOX_ORACLE_HISTORIES", defaultHistories)
 	steps := envInt(t, "OUTBOX_ORACLE_STEPS", defaultSteps)
 	shape := oracle.Shape{Steps: steps, RestartPostgres: os.Getenv("OUTBOX_ORACLE_PG_RESTARTS") == "1"}
@@ -373,6 +374,7 @@ func txs(h oracle.History) int {
 // longer does, its fix is merged and its entry must go, so that the
 // promise is checked again in every run.
 func TestKnownDefectsStillFail(t *testing.T) {
+	pgtest.URL(t) // skips without a server
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, k := range knownDefects {
