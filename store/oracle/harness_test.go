@@ -52,11 +52,10 @@ const (
 
 // result is one history's run.
 type result struct {
-	violations []oracle.Violation
-	deliveries int
-	duplicates int // deliveries beyond one per event not owed to a replay
-	restarts   int // relay kills and stops, PostgreSQL restarts
-	pgRestarts int
+	violations               []oracle.Violation
+	deliveries               int
+	duplicates               int // deliveries beyond one per event not owed to a replay
+	stops, kills, pgRestarts int
 }
 
 // run runs h against the real relay of its mode on a fresh outbox.
@@ -109,7 +108,7 @@ func run(t *testing.T, h oracle.History) result {
 		}
 	}
 	rec := d.pub.record(d.ids)
-	res := result{violations: d.sim.Check(rec), deliveries: len(rec), restarts: d.restarts, pgRestarts: d.pgRestarts}
+	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts}
 	seen := map[string]int{}
 	for _, r := range rec {
 		seen[r.ID]++
@@ -137,7 +136,9 @@ type driver struct {
 	ids        map[string]int // event id -> label
 	relay      *relay
 	slotMade   bool
-	restarts   int
+	generation int // relay processes started
+	stops      int
+	kills      int
 	pgRestarts int
 	replayed   map[string]int // replays per event id
 }
@@ -161,14 +162,14 @@ func (d *driver) step(s oracle.Step) {
 		}
 	case oracle.StopRelay:
 		d.stop()
-		d.restarts++
+		d.stops++
 	case oracle.RestartPostgres:
 		d.restartPostgres()
 	case oracle.KillRelay:
 		if d.relay != nil {
 			d.relay.kill(d.t, d.pool)
 			d.relay = nil
-			d.restarts++
+			d.kills++
 		}
 		d.start()
 	default:
@@ -570,7 +571,6 @@ func (d *driver) restartPostgres() {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		d.t.Fatalf("restart PostgreSQL: %v: %s", err, out)
 	}
-	d.restarts++
 	d.pgRestarts++
 	d.pool.Reset()
 	deadline := time.Now().Add(60 * time.Second)

@@ -166,8 +166,8 @@ func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Vio
 
 // stats are a mode's figures over the run.
 type stats struct {
-	histories, deliveries, dups, resets, pgRestarts int
-	excused                                         map[oracle.Promise]int
+	histories, deliveries, dups, stops, kills, pgRestarts int
+	excused                                               map[oracle.Promise]int
 }
 
 // Every promise in every mode: generated histories run against the real
@@ -236,7 +236,8 @@ func TestOracle(t *testing.T) {
 					st.histories++
 					st.deliveries += res.deliveries
 					st.dups += res.duplicates
-					st.resets += res.restarts
+					st.stops += res.stops
+					st.kills += res.kills
 					st.pgRestarts += res.pgRestarts
 					bad, excused := failing(mode, res.violations)
 					for _, v := range excused {
@@ -250,8 +251,8 @@ func TestOracle(t *testing.T) {
 						return
 					}
 				}
-				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay stops and kills; known defects seen: %v",
-					mode, st.histories, st.deliveries, st.dups, st.resets, st.excused)
+				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay kills, %d graceful stops, %d PostgreSQL restarts; known defects seen: %v",
+					mode, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.excused)
 			})
 		})
 	}

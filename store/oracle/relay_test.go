@@ -36,8 +36,8 @@ var (
 
 func (d *driver) start() {
 	d.t.Helper()
-	gen := d.restarts + 1
-	r := &relay{name: fmt.Sprintf("oracle-%s-%d", d.cfg.Schema, gen)}
+	d.generation++
+	r := &relay{name: fmt.Sprintf("oracle-%s-%d", d.cfg.Schema, d.generation)}
 	pc, err := pgxpool.ParseConfig(pgtest.URL(d.t))
 	if err != nil {
 		d.t.Fatal(err)
