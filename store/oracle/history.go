@@ -139,7 +139,7 @@ const (
 	StopRelay                       // graceful stop
 	StartRelay                      // start (a no-op while running)
 	KillRelay                       // its sessions terminated, then stopped without waiting; started again
-	RestartPostgres                 // a fast shutdown of the server and a start (long runs only)
+	RestartPostgres                 // a crash of the server (immediate shutdown) and a start (long runs only)
 	Retry                           // operator retry of event Target
 	Park                            // operator park of event Target
 	Unpark                          // operator unpark of event Target
