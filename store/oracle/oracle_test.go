@@ -92,6 +92,13 @@ var knownDefects = []knownDefect{
 			write(tx(ev(2, 1, oracle.GoLog), ev(3, 1, oracle.SQLInsert)))),
 	},
 	{
+		mode: oracle.LogRows, promise: oracle.PromiseBlocked,
+		what: "in log mode, retrying a refused message (held in the table as unreadable) lets the row after it in its transaction go out while the message stays held",
+		repro: history(oracle.LogRows, false,
+			write(tx(ev(1, 1, oracle.SQLEmit, oracle.Bad), ev(2, 1, oracle.GoRows))),
+			oracle.Step{Kind: oracle.Retry, Target: 1}),
+	},
+	{
 		mode: oracle.LogRows, promise: oracle.PromiseReplay,
 		what: "replay in log mode makes a row published from the log pending again, but neither path publishes it: it stays pending forever",
 		repro: history(oracle.LogRows, false,
