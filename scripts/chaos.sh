@@ -6,8 +6,21 @@
 # installing PostgreSQL and RabbitMQ with apt-get when root and missing),
 # prints the accounting and fails unless nothing was lost, nothing phantom,
 # nothing out of order and no effect applied twice.
-#   OUTBOX_CHAOS_EVENTS  events per broker (default 100000)
+# Then the oracle's long run (store/oracle): generated histories in every
+# relay mode, with relay kills and PostgreSQL restarts, checked against the
+# model of the promises; a failure prints its seed and a shrunk history.
+#   OUTBOX_CHAOS_EVENTS      events per broker (default 100000)
+#   OUTBOX_ORACLE_HISTORIES  oracle histories per mode (default 40; 0 skips the oracle)
+#   OUTBOX_ORACLE_STEPS      steps per oracle history (default 16)
+#   OUTBOX_ORACLE_SEED       the oracle's first seed (default: from the clock, printed)
 # Usage: scripts/chaos.sh [-brokers amqp,kafka] [-events N] [-repeat N] [-v]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec go run ./cmd/outbox-chaos "$@"
+go run ./cmd/outbox-chaos "$@"
+
+histories=${OUTBOX_ORACLE_HISTORIES:-40}
+if [ "$histories" != 0 ]; then
+  OUTBOX_ORACLE_HISTORIES=$histories OUTBOX_ORACLE_STEPS=${OUTBOX_ORACLE_STEPS:-16} OUTBOX_ORACLE_PG_RESTARTS=1 \
+    scripts/services.sh --no-rabbitmq go test -count=1 -timeout 120m -run 'TestOracle$' -v ./store/oracle/ |
+    grep -v -e '^=== ' -e '^        --- PASS'
+fi
