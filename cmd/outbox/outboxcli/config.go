@@ -160,7 +160,8 @@ func Defaults() Config {
 		panic(err)
 	}
 	return Config{
-		Broker: "stdout",
+		// No default broker: a relay that names none refuses to start
+		// rather than print its events and mark them dispatched.
 		// Non-nil maps: the loader merges file and environment into them.
 		Brokers: map[string]any{},
 		Routing: brokers.Routing{Types: map[string]string{}, Prefixes: map[string]string{}},
@@ -202,9 +203,7 @@ func (c *Config) Validate() error {
 	if _, err := c.StoreConfig().WithDefaults(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Broker == "" {
-		bad("broker", "is empty (known: %s)", strings.Join(brokers.Names(), ", "))
-	} else if !brokers.Registered(c.Broker) {
+	if c.Broker != "" && !brokers.Registered(c.Broker) {
 		bad("broker", "unknown broker %q (known: %s)", c.Broker, strings.Join(brokers.Names(), ", "))
 	}
 	if err := c.Routing.Validate(); err != nil {
@@ -306,6 +305,18 @@ func (c *Config) Validate() error {
 		bad("console.enabled", "needs http.listen, the address the console is served on")
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateRelay checks, besides Validate, what only `outbox relay` needs: a
+// broker named. stdout and gochannel are there for trying outbox, so the
+// relay never falls back to one of them.
+func (c *Config) ValidateRelay() error {
+	if c.Broker == "" {
+		return fmt.Errorf("broker: not set: name the broker the relay publishes to with --broker, OUTBOX_BROKER "+
+			"or broker in the config file (known: %s; stdout and gochannel only print or keep events in the process)",
+			strings.Join(brokers.Names(), ", "))
+	}
+	return nil
 }
 
 // validate checks the console section; checkAccess also when the console
@@ -429,7 +440,7 @@ func AddGlobalFlags(fs *pflag.FlagSet) {
 // AddRelayFlags declares the flags only `outbox relay` takes. Load reads
 // whichever of the flags of flagKeys the flag set it is given has.
 func AddRelayFlags(fs *pflag.FlagSet) {
-	fs.String("broker", "", "broker name: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
+	fs.String("broker", "", "broker to publish to, required: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
 	fs.Int("batch-size", 0, "events per claim (default 500)")
 	fs.Int("lanes", 0, "concurrent publishes (default 64)")
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")

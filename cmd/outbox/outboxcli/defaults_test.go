@@ -57,6 +57,7 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"console.lag_slo", console.DefaultLagSLO, d.Console.LagSLO, true},
 		{"console.enabled", false, d.Console.Enabled, true},
 		{"relay.mode", "table", d.Relay.Mode, false},
+		{"broker", "(required)", required(d.Broker), false},
 		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, false},
 		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, false},
 		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, false},
@@ -79,6 +80,14 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 			t.Errorf("%s: docs/examples/outbox.yaml says %q (present %v), the library %q", k.key, got, ok, want)
 		}
 	}
+}
+
+// required renders an empty default as README's table does.
+func required(s string) string {
+	if s == "" {
+		return "(required)"
+	}
+	return s
 }
 
 func render(v any) string {

@@ -22,6 +22,9 @@ func relayCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := e.cfg.ValidateRelay(); err != nil {
+				return usagef("invalid configuration:\n%w", err)
+			}
 			return e.runRelay(cmd.Context())
 		},
 	}

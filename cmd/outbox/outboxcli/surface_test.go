@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -271,5 +272,34 @@ func TestMainMapsExitCodes(t *testing.T) {
 	}
 	if !errors.Is(withCode(ExitFailure, errNoMatch), errNoMatch) || ExitCode(withCode(ExitFailure, errNoMatch)) != ExitNoMatch {
 		t.Error("a code once set is kept")
+	}
+}
+
+// A relay that names no broker refuses to start, naming each way to set
+// one, instead of printing its events to stdout and marking them
+// dispatched. The database is unreachable: the check comes first.
+func TestRelayWithoutBrokerRefusesToStart(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	t.Setenv("OUTBOX_BROKER", "")
+	os.Unsetenv("OUTBOX_BROKER")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, errOut, err := runCLI(ctx, "relay")
+	if got := ExitCode(err); got != ExitUsage {
+		t.Fatalf("exit code %d, want %d (err %v)\n%s", got, ExitUsage, err, errOut)
+	}
+	for _, want := range []string{"broker: not set", "--broker", "OUTBOX_BROKER", "broker in the config file"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Named, stdout is accepted: the relay gets as far as the database.
+	_, errOut, err = runCLI(ctx, "relay", "--broker", "stdout")
+	if got := ExitCode(err); got == ExitUsage {
+		t.Errorf("--broker stdout: exit code %d (err %v)\n%s", got, err, errOut)
+	}
+	// Other commands need no broker.
+	if _, errOut, err := runCLI(ctx, "migrate", "--print", "--all"); err != nil {
+		t.Errorf("migrate --print --all without a broker: %v\n%s", err, errOut)
 	}
 }
