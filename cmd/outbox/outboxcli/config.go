@@ -54,10 +54,14 @@ type RelayConfig struct {
 	PollInterval    time.Duration `koanf:"poll_interval"`
 	PublishTimeout  time.Duration `koanf:"publish_timeout"`
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
-	Unordered       bool          `koanf:"unordered"`
-	Wakeups         bool          `koanf:"wakeups"`
-	RetryMin        time.Duration `koanf:"retry_min"`
-	RetryMax        time.Duration `koanf:"retry_max"`
+	// StartupTimeout is how long a starting relay waits for the database
+	// (reachable, schema migrated) and the broker before it exits with
+	// code 3; 0 waits as long as it takes.
+	StartupTimeout time.Duration `koanf:"startup_timeout"`
+	Unordered      bool          `koanf:"unordered"`
+	Wakeups        bool          `koanf:"wakeups"`
+	RetryMin       time.Duration `koanf:"retry_min"`
+	RetryMax       time.Duration `koanf:"retry_max"`
 	// Mode is where the relay finds events: "table" claims them from the
 	// outbox table; "log" reads them from a logical replication slot
 	// (rows of the table and log-only messages) and runs the table path
@@ -169,7 +173,8 @@ func Defaults() Config {
 			BatchSize: relay.BatchSize, Lanes: relay.Lanes, Claimers: relay.Claimers,
 			PollInterval: relay.PollInterval, PublishTimeout: relay.PublishTimeout,
 			ShutdownTimeout: relay.ShutdownTimeout, Wakeups: !relay.DisableWakeups,
-			RetryMin: relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
+			StartupTimeout: 5 * time.Minute,
+			RetryMin:       relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
 			Mode: "table",
 			Log: LogRelayConfig{
 				CreateSlot: true, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
@@ -263,6 +268,9 @@ func (c *Config) Validate() error {
 	}
 	if r.Log.WALSenderTimeout < 0 {
 		bad("relay.log.wal_sender_timeout", "is negative (0 keeps the server's setting)")
+	}
+	if r.StartupTimeout < 0 {
+		bad("relay.startup_timeout", "is negative (0 waits for the database and the broker as long as it takes)")
 	}
 	if r.RetryMax < r.RetryMin {
 		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)

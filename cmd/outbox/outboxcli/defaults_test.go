@@ -45,6 +45,7 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"relay.poll_interval", relay.PollInterval, d.Relay.PollInterval, true},
 		{"relay.publish_timeout", relay.PublishTimeout, d.Relay.PublishTimeout, true},
 		{"relay.shutdown_timeout", relay.ShutdownTimeout, d.Relay.ShutdownTimeout, true},
+		{"relay.startup_timeout", 5 * time.Minute, d.Relay.StartupTimeout, true},
 		{"relay.retry_min", relay.RetryBackoff.Min, d.Relay.RetryMin, true},
 		{"relay.retry_max", relay.RetryBackoff.Max, d.Relay.RetryMax, true},
 		{"store.schema", st.Schema, st.Schema, true},

@@ -221,7 +221,7 @@ func TestExitCodes(t *testing.T) {
 		{"database unreachable", map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"},
 			[]string{"status"}, ExitUnavailable},
 		{"broker unreachable", map[string]string{"OUTBOX_BROKERS_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
-			"OUTBOX_BROKERS_AMQP_CONNECT_TIMEOUT": "2s"}, []string{"relay", "--broker", "amqp", "--schema", s}, ExitUnavailable},
+			"OUTBOX_BROKERS_AMQP_CONNECT_TIMEOUT": "2s", "OUTBOX_RELAY_STARTUP_TIMEOUT": "1s"}, []string{"relay", "--broker", "amqp", "--schema", s}, ExitUnavailable},
 		{"not migrated", nil, []string{"status", "--schema", unmigrated}, ExitFailure},
 		{"retry matches nothing", nil, []string{"retry", "--type", "no.such", "--schema", s}, ExitNoMatch},
 		{"park matches nothing", nil, []string{"park", "--type", "no.such", "--reason", "test", "--schema", s}, ExitNoMatch},
@@ -294,6 +294,7 @@ func TestRelayWithoutBrokerRefusesToStart(t *testing.T) {
 		}
 	}
 	// Named, stdout is accepted: the relay gets as far as the database.
+	t.Setenv("OUTBOX_RELAY_STARTUP_TIMEOUT", "1s")
 	_, errOut, err = runCLI(ctx, "relay", "--broker", "stdout")
 	if got := ExitCode(err); got == ExitUsage {
 		t.Errorf("--broker stdout: exit code %d (err %v)\n%s", got, err, errOut)
