@@ -21,8 +21,11 @@ demo: ## the end-to-end demo (a throwaway PostgreSQL unless DATABASE_URL is set)
 test: ## the test suite, with -race, against throwaway PostgreSQL and RabbitMQ, and headless Chromium
 	$(SERVICES) --chromium $(GO) test -race -count=1 -timeout 12m ./...
 
-build: ## build the outbox binary into bin/outbox
-	$(GO) build -o bin/outbox ./cmd/outbox
+# The version `outbox version` reports: the checkout's tag, or its commit.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+
+build: ## build the outbox binary into bin/outbox, reporting $(VERSION)
+	$(GO) build -ldflags "-X github.com/outboxhq/outbox/cmd/outbox/outboxcli.version=$(VERSION)" -o bin/outbox ./cmd/outbox
 
 # The seed corpora run in `make test`; this explores beyond them.
 fuzz: ## fuzz beyond the seed corpora (scripts/fuzz.sh)

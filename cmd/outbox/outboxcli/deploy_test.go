@@ -169,6 +169,9 @@ func TestDockerfile(t *testing.T) {
 	if !strings.Contains(build, "CGO_ENABLED=0") || !strings.HasSuffix(build, "./cmd/outbox") {
 		t.Errorf("build %q is not a static build of ./cmd/outbox", build)
 	}
+	if !strings.Contains(build, "-X github.com/outboxhq/outbox/cmd/outbox/outboxcli.version=${VERSION}") {
+		t.Errorf("build %q does not set the version `outbox version` reports", build)
+	}
 	if len(entry) != 1 || !strings.HasSuffix(entry[0], "/outbox") {
 		t.Errorf("ENTRYPOINT %v is not the binary", entry)
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -99,17 +101,31 @@ func TestBuildVersion(t *testing.T) {
 	bi := &debug.BuildInfo{GoVersion: "go1.99.1", Main: debug.Module{Path: "github.com/outboxhq/outbox", Version: "v1.2.3"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"},
 			{Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}}}
-	v := buildVersion(bi, true)
+	v := buildVersion("", bi, true)
 	want := versionJSON{Module: "github.com/outboxhq/outbox", Version: "v1.2.3", Commit: "abc123", CommitAt: "2026-01-02T03:04:05Z",
-		Modified: true, GoVersion: "go1.99.1"}
+		Modified: "true", GoVersion: "go1.99.1"}
 	if v != want {
 		t.Errorf("buildVersion = %+v, want %+v", v, want)
 	}
 	if s := v.String(); s != "outbox v1.2.3, commit abc123 (modified) of 2026-01-02T03:04:05Z, go1.99.1" {
 		t.Errorf("String() = %q", s)
 	}
-	if v := buildVersion(nil, false); v.Version != "unknown" || !strings.HasPrefix(v.GoVersion, "go") {
+	if v := buildVersion("", nil, false); v.Version != "unknown" || !strings.HasPrefix(v.GoVersion, "go") {
 		t.Errorf("without build info: %+v", v)
+	}
+	// The version set at build time wins over the module's "(devel)".
+	devel := &debug.BuildInfo{Main: debug.Module{Path: "github.com/outboxhq/outbox", Version: "(devel)"}}
+	if v := buildVersion("v0.1.0", devel, true); v.Version != "v0.1.0" {
+		t.Errorf("with -ldflags version: %+v", v)
+	}
+	// Without VCS data (-buildvcs=false), whether the tree was modified is
+	// unknown, not false.
+	b, err := json.Marshal(buildVersion("", devel, true))
+	if err != nil || !strings.Contains(string(b), `"modified":"unknown"`) {
+		t.Errorf("without VCS data: %s, %v", b, err)
+	}
+	if b, _ := json.Marshal(want); !strings.Contains(string(b), `"modified":true`) {
+		t.Errorf("with VCS data: %s", b)
 	}
 
 	out, _, err := runCLI(context.Background(), "version")
@@ -302,5 +318,30 @@ func TestRelayWithoutBrokerRefusesToStart(t *testing.T) {
 	// Other commands need no broker.
 	if _, errOut, err := runCLI(ctx, "migrate", "--print", "--all"); err != nil {
 		t.Errorf("migrate --print --all without a broker: %v\n%s", err, errOut)
+	}
+}
+
+// The version reaches the binary as make build and the Dockerfile set it,
+// and a build without VCS data says "unknown" for modified.
+func TestVersionSetAtBuildTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "outbox")
+	build := exec.Command("go", "build", "-buildvcs=false",
+		"-ldflags", "-X github.com/outboxhq/outbox/cmd/outbox/outboxcli.version=v9.8.7", "-o", bin, "../")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version", "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatal(err)
+	}
+	if v["version"] != "v9.8.7" || v["modified"] != "unknown" {
+		t.Errorf("version --json = %s, want version v9.8.7 and modified unknown", out)
 	}
 }
