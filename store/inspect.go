@@ -253,7 +253,7 @@ func (s *Store) Events(ctx context.Context, q EventsOptions) ([]EventInfo, error
 		state = "o.dispatched_at IS NULL AND o.parked_at IS NOT NULL"
 	case StateDispatched:
 		state = "o.dispatched_at IS NOT NULL"
-		order, cursor = "o.seq DESC", "($1 = 0 OR o.seq < $1)"
+		order, cursor = "o.seq DESC", "($1::bigint = 0 OR o.seq < $1::bigint)" // seq is a bigint: so is the cursor
 	default:
 		return nil, fmt.Errorf("list events: state %q is not one of %s", q.State, statesList())
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
@@ -376,5 +377,33 @@ VALUES ('k-1', 'reminder.due', '{}', now() + interval '1 day', now() - interval 
 	}
 	if e := list[0]; e.State() != store.StateScheduled || e.DeliverAt.Before(time.Now().Add(23*time.Hour)) || !e.RetryAt.IsZero() {
 		t.Errorf("scheduled event: state %s, deliver at %v, retry at %v", e.State(), e.DeliverAt, e.RetryAt)
+	}
+}
+
+// The dispatched list pages by seq past 2^31-1: seq is a bigint, and the
+// cursor's parameter must be one too (an int4 cursor failed every page
+// once seqs passed it, and any such cursor on a small table).
+func TestDispatchedListPastInt32(t *testing.T) {
+	f := newPoisonFixture(t)
+	cfg, err := f.cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	const big = int64(1)<<31 + 5
+	for _, seq := range []int64{big, big + 1, big + 2} {
+		if _, err := f.pool.Exec(f.ctx, "INSERT INTO "+table+" (seq, event_id, aggregate_id, type, payload, dispatched_at)"+
+			" VALUES ($1, gen_random_uuid(), 'k', 't.x', '{}', now())", seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.events(store.EventsOptions{State: store.StateDispatched}); !slices.Equal(got, []int64{big + 2, big + 1, big}) {
+		t.Errorf("first page %v", got)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateDispatched, After: big + 2}); !slices.Equal(got, []int64{big + 1, big}) {
+		t.Errorf("page after %d: %v", big+2, got)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateDispatched, After: 1 << 40}); len(got) != 3 {
+		t.Errorf("page after 2^40: %v", got)
 	}
 }
