@@ -311,13 +311,13 @@ type EventDetail struct {
 	ContentType string
 	Headers     []byte // the headers column's text, JSON; nil when NULL
 	// Before and After are the nearest events of the same aggregate, up to
-	// a few on each side, in seq order: every pending one and the others
-	// within NeighbourWindow rows.
+	// Neighbours on each side, in seq order: pending ones wherever they
+	// are, the others within NeighbourWindow rows.
 	Before, After []EventInfo
 }
 
-// neighbours is how many events Event returns on each side.
-const neighbours = 5
+// Neighbours is how many events Event returns on each side.
+const Neighbours = 5
 
 // Event returns the event at seq, or with the event id id when seq is
 // zero, wrapping ErrEventNotFound when there is none.
@@ -375,7 +375,7 @@ func (s *Store) Event(ctx context.Context, seq int64, id string) (EventDetail, e
     UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1 AND seq > $2
            AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT $4))
 ORDER BY o.seq`
-	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.Seq, NeighbourWindow, neighbours)
+	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.Seq, NeighbourWindow, Neighbours)
 	if err != nil {
 		return EventDetail{}, fmt.Errorf("read neighbours of event %d: %w", d.Seq, err)
 	}
@@ -396,11 +396,11 @@ ORDER BY o.seq`
 	}
 	// The nearest few on each side: pending ones from further away may
 	// have joined the window's.
-	if len(d.Before) > neighbours {
-		d.Before = d.Before[len(d.Before)-neighbours:]
+	if len(d.Before) > Neighbours {
+		d.Before = d.Before[len(d.Before)-Neighbours:]
 	}
-	if len(d.After) > neighbours {
-		d.After = d.After[:neighbours]
+	if len(d.After) > Neighbours {
+		d.After = d.After[:Neighbours]
 	}
 	return d, nil
 }

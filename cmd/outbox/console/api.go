@@ -384,16 +384,16 @@ func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, e
 	if q.After, err = parseInt("after", v.Get("after")); err != nil {
 		return q, EventsQuery{}, err
 	}
-	limit, err := parseInt("limit", v.Get("limit"))
-	if err != nil {
-		return q, EventsQuery{}, err
-	}
-	if limit > store.MaxEventsLimit {
-		return q, EventsQuery{}, badRequest("limit: %d is over the maximum of %d", limit, store.MaxEventsLimit)
-	}
-	q.Limit = int(limit)
-	if q.Limit == 0 {
-		q.Limit = store.DefaultEventsLimit
+	q.Limit = store.DefaultEventsLimit
+	if s := v.Get("limit"); strings.TrimSpace(s) != "" {
+		limit, err := parseInt("limit", s)
+		if err != nil {
+			return q, EventsQuery{}, err
+		}
+		if limit < 1 || limit > store.MaxEventsLimit {
+			return q, EventsQuery{}, badRequest("limit: %d is not between 1 and %d", limit, store.MaxEventsLimit)
+		}
+		q.Limit = int(limit)
 	}
 	echo := EventsQuery{State: string(q.State), Type: q.Type, AggregateID: q.AggregateID, Error: q.Error,
 		Fingerprint: q.Fingerprint, CreatedAfter: after, CreatedBefore: before, After: q.After, Limit: q.Limit}

@@ -29,12 +29,14 @@ type pages struct {
 }
 
 var funcs = template.FuncMap{
-	"ago":    agoSeconds,
-	"since":  since,
-	"ts":     timestamp,
-	"pretty": prettyJSON,
-	"short":  short,
-	"add":    func(a, b int) int { return a + b },
+	"neighbours": func() int { return store.Neighbours },
+	"window":     func() string { return thousands(store.NeighbourWindow) },
+	"ago":        agoSeconds,
+	"since":      since,
+	"ts":         timestamp,
+	"pretty":     prettyJSON,
+	"short":      short,
+	"add":        func(a, b int) int { return a + b },
 	"query": func(kv ...string) template.URL {
 		v := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -332,4 +334,13 @@ func short(s string, n int) string {
 		n--
 	}
 	return s[:n] + "…"
+}
+
+// thousands writes n with commas between groups of three digits.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

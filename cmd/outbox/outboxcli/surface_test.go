@@ -266,11 +266,11 @@ func TestExitCodes(t *testing.T) {
 		" (event_id, aggregate_id, type, payload, retry_at, attempts) VALUES (gen_random_uuid(), gen_random_uuid(), 'x.y', '{}', 'infinity', 3) RETURNING seq").Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := runCLI(ctx, "stuck", "--schema", s); err != nil {
-		t.Errorf("stuck with a held event: %v", err)
+	if out, _, err := runCLI(ctx, "stuck", "--schema", s); err != nil || !strings.HasPrefix(out, "SEQ ") {
+		t.Errorf("stuck with a held event: %v\n%s", err, out)
 	}
-	if _, _, err := runCLI(ctx, "retry", "--type", "x.y", "--schema", s); err != nil {
-		t.Errorf("retry that matches: %v", err)
+	if out, _, err := runCLI(ctx, "retry", "--type", "x.y", "--schema", s); err != nil || !strings.HasPrefix(out, "released 1 event (") {
+		t.Errorf("retry that matches: %v\n%s", err, out)
 	}
 }
 
