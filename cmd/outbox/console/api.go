@@ -116,10 +116,18 @@ type EventDetail struct {
 	Event
 	// Payload is a JSON payload as stored; PayloadHex holds any other
 	// (Protobuf, Avro, raw bytes), of ContentType.
-	Payload     json.RawMessage `json:"payload,omitempty"`
-	PayloadHex  string          `json:"payload_hex,omitempty"`
-	ContentType string          `json:"content_type"`
-	Headers     json.RawMessage `json:"headers"`
+	Payload    json.RawMessage `json:"payload,omitempty"`
+	PayloadHex string          `json:"payload_hex,omitempty"`
+	// PayloadBytes is the payload's size. Over PayloadPreviewBytes the
+	// payload is left out (a held 4 MB row would make a 4 MB page):
+	// PayloadPreview has its first PayloadPreviewBytes (as text for JSON,
+	// else as hex) and PayloadURL downloads it whole.
+	PayloadBytes     int             `json:"payload_bytes"`
+	PayloadTruncated bool            `json:"payload_truncated,omitempty"`
+	PayloadPreview   string          `json:"payload_preview,omitempty"`
+	PayloadURL       string          `json:"payload_url"`
+	ContentType      string          `json:"content_type"`
+	Headers          json.RawMessage `json:"headers"`
 	// Before and After are the nearest events of the same aggregate.
 	Before []Event `json:"before"`
 	After  []Event `json:"after"`
@@ -440,19 +448,50 @@ func (c *Console) apiEvents(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ev)
 }
 
+// PayloadPreviewBytes is the most of a payload an event's page and JSON
+// carry; the rest is downloaded (GET /api/v1/events/{ref}/payload).
+const PayloadPreviewBytes = 64 << 10
+
+// apiPayload sends an event's payload whole, as a download: never rendered
+// by the browser in the console's origin, whatever its content type.
+func (c *Console) apiPayload(w http.ResponseWriter, r *http.Request) {
+	seq, id, err := eventRef(r)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	d, err := c.opts.Store.Event(r.Context(), seq, id)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	ext := ".bin"
+	if core.IsJSON(d.ContentType) {
+		ext = ".json"
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="event-%d%s"`, d.Seq, ext))
+	w.Header().Set("Content-Length", strconv.Itoa(len(d.Payload)))
+	_, _ = w.Write(d.Payload)
+}
+
+// eventRef reads the event named by the path: its seq, or its event id.
+func eventRef(r *http.Request) (seq int64, id string, err error) {
+	ref := r.PathValue("ref")
+	if n, err := strconv.ParseInt(ref, 10, 64); err == nil && n > 0 {
+		return n, "", nil
+	}
+	if len(ref) == 36 && strings.Count(ref, "-") == 4 {
+		return 0, ref, nil
+	}
+	return 0, "", badRequest("event %q: give its seq (a positive number) or its event id (a UUID)", ref)
+}
+
 // event reads the event named by the path: its seq, or its event id.
 func (c *Console) event(r *http.Request) (EventDetail, error) {
-	ref := r.PathValue("ref")
-	var (
-		seq int64
-		id  string
-	)
-	if n, err := strconv.ParseInt(ref, 10, 64); err == nil && n > 0 {
-		seq = n
-	} else if len(ref) == 36 && strings.Count(ref, "-") == 4 {
-		id = ref
-	} else {
-		return EventDetail{}, badRequest("event %q: give its seq (a positive number) or its event id (a UUID)", ref)
+	seq, id, err := eventRef(r)
+	if err != nil {
+		return EventDetail{}, err
 	}
 	d, err := c.opts.Store.Event(r.Context(), seq, id)
 	if err != nil {
@@ -467,9 +506,17 @@ func (c *Console) event(r *http.Request) (EventDetail, error) {
 	if out.ContentType == "" {
 		out.ContentType = core.ContentTypeJSON
 	}
-	if core.IsJSON(d.ContentType) && json.Valid(d.Payload) {
+	out.PayloadBytes = len(d.Payload)
+	out.PayloadURL = fmt.Sprintf("/api/v1/events/%d/payload", d.Seq)
+	isJSON := core.IsJSON(d.ContentType)
+	switch {
+	case len(d.Payload) > PayloadPreviewBytes && isJSON:
+		out.PayloadTruncated, out.PayloadPreview = true, strings.ToValidUTF8(string(d.Payload[:PayloadPreviewBytes]), "")
+	case len(d.Payload) > PayloadPreviewBytes:
+		out.PayloadTruncated, out.PayloadPreview = true, hex.EncodeToString(d.Payload[:PayloadPreviewBytes/2])
+	case isJSON && json.Valid(d.Payload):
 		out.Payload = d.Payload
-	} else {
+	default:
 		out.PayloadHex = hex.EncodeToString(d.Payload)
 	}
 	if d.Headers != nil && json.Valid(d.Headers) {

@@ -201,6 +201,7 @@ func (c *Console) routes() {
 	m.Handle("GET /api/v1/overview", read(c.apiOverview))
 	m.Handle("GET /api/v1/events", read(c.apiEvents))
 	m.Handle("GET /api/v1/events/{ref}", read(c.apiEvent))
+	m.Handle("GET /api/v1/events/{ref}/payload", read(c.apiPayload))
 	m.Handle("GET /api/v1/failures", read(c.apiFailures))
 	m.Handle("GET /api/v1/actions/{action}", read(c.apiPreview))
 	m.Handle("POST /api/v1/actions/{action}", write(c.apiAction, apiRequest))

@@ -5,6 +5,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxhq/outbox/cmd/outbox/console"
 )
 
 // Requests at the edges of the console's surface get clear answers.
@@ -65,5 +69,48 @@ func TestEventPageNeighbourNote(t *testing.T) {
 	}
 	if strings.Contains(body, "every pending one") || !strings.Contains(body, "up to 5 on each side") || !strings.Contains(body, "10,000 rows") {
 		t.Errorf("the note does not match what the page shows:\n%s", trim(body[strings.Index(body, "Its aggregate"):]))
+	}
+}
+
+// A 4.5 MB payload (held: over store.max_event_bytes) is not rendered
+// whole into the page or the JSON: they carry a preview and a link that
+// downloads it, as an attachment.
+func TestLargePayloadIsTruncatedWithDownload(t *testing.T) {
+	f := newFixture(t, nil)
+	cfg, err := f.cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq int64
+	if err := f.pool.QueryRow(f.ctx, "INSERT INTO "+pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()+
+		" (event_id, aggregate_id, type, payload) VALUES (gen_random_uuid(), 'k-big', 'blob.put', jsonb_build_object('blob', repeat('x', 4500000)))"+
+		" RETURNING seq").Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	const most = 200 << 10 // the preview, the page around it, the neighbours
+	var d console.EventDetail
+	f.getJSON(fmt.Sprintf("/api/v1/events/%d", seq), &d)
+	if !d.PayloadTruncated || d.PayloadBytes < 4500000 || len(d.Payload) != 0 || len(d.PayloadPreview) != console.PayloadPreviewBytes {
+		t.Errorf("JSON: truncated %v, %d bytes, payload %d, preview %d", d.PayloadTruncated, d.PayloadBytes, len(d.Payload), len(d.PayloadPreview))
+	}
+	code, body := f.do(req{method: "GET", path: fmt.Sprintf("/api/v1/events/%d", seq), auth: "token"})
+	if code != http.StatusOK || len(body) > most {
+		t.Errorf("JSON: %d, %d bytes", code, len(body))
+	}
+	code, body = f.do(req{method: "GET", path: fmt.Sprintf("/console/events/%d", seq), auth: "basic"})
+	if code != http.StatusOK || len(body) > most || !strings.Contains(body, `href="`+d.PayloadURL+`" download`) {
+		t.Errorf("page: %d, %d bytes, link to %s: %v", code, len(body), d.PayloadURL, strings.Contains(body, d.PayloadURL))
+	}
+	resp, err := http.Get(f.srv.URL + d.PayloadURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("download without credentials: %d", resp.StatusCode)
+	}
+	code, body = f.do(req{method: "GET", path: d.PayloadURL, auth: "basic"})
+	if code != http.StatusOK || len(body) != d.PayloadBytes || !strings.HasPrefix(body, `{"blob": "xxx`) {
+		t.Errorf("download: %d, %d bytes of %d", code, len(body), d.PayloadBytes)
 	}
 }

@@ -30,6 +30,7 @@ type pages struct {
 
 var funcs = template.FuncMap{
 	"neighbours": func() int { return store.Neighbours },
+	"bytes":      humanBytes,
 	"window":     func() string { return thousands(store.NeighbourWindow) },
 	"ago":        agoSeconds,
 	"since":      since,
@@ -343,4 +344,15 @@ func thousands(n int) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// humanBytes writes n as bytes, KiB or MiB.
+func humanBytes(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
