@@ -57,15 +57,15 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"stuck.after", store.DefaultStuckAge, d.Stuck.After, true},
 		{"console.lag_slo", console.DefaultLagSLO, d.Console.LagSLO, true},
 		{"console.enabled", false, d.Console.Enabled, true},
-		{"relay.mode", "table", d.Relay.Mode, false},
+		{"relay.mode", "table", d.Relay.Mode, true},
 		{"broker", "(required)", required(d.Broker), false},
-		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, false},
-		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, false},
-		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, false},
-		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, false},
-		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, false},
-		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, false},
-		{"relay.log.handoff_after", lr.HandOffAfter, d.Relay.Log.HandOffAfter, false},
+		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, true},
+		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, true},
+		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, true},
+		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, true},
+		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, true},
+		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, true},
+		{"relay.log.handoff_after", lr.HandOffAfter, d.Relay.Log.HandOffAfter, true},
 	}
 	readme := readmeDefaults(t)
 	example := exampleValues(t)

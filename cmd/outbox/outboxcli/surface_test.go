@@ -345,3 +345,16 @@ func TestVersionSetAtBuildTime(t *testing.T) {
 		t.Errorf("version --json = %s, want version v9.8.7 and modified unknown", out)
 	}
 }
+
+// --json belongs to `slot status`, which documents it, not to `slot drop`.
+func TestSlotStatusTakesJSON(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, errOut, err := runCLI(ctx, "slot", "status", "--json"); ExitCode(err) != ExitUnavailable {
+		t.Errorf("slot status --json: exit %d (%v), want %d: the flag parses and the database is unreachable\n%s", ExitCode(err), err, ExitUnavailable, errOut)
+	}
+	if _, _, err := runCLI(ctx, "slot", "drop", "--json"); ExitCode(err) != ExitUsage {
+		t.Errorf("slot drop --json: exit %d (%v), want %d", ExitCode(err), err, ExitUsage)
+	}
+}
