@@ -20,7 +20,7 @@ import (
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
-var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--no-wakeups", "--http-listen"}
+var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--mode", "--no-wakeups", "--http-listen"}
 
 func TestCommandsShowOnlyTheirFlags(t *testing.T) {
 	ctx := context.Background()
