@@ -421,7 +421,8 @@ func (c *Console) events(r *http.Request) (Events, error) {
 	if err != nil {
 		return Events{}, err
 	}
-	list, err := c.opts.Store.Events(r.Context(), q)
+	page, err := c.opts.Store.EventsPage(r.Context(), q)
+	list := page.Events
 	if err != nil {
 		if strings.Contains(err.Error(), "is not a UUID") || strings.Contains(err.Error(), "created-before") {
 			return Events{}, badRequest("%v", err)
@@ -433,9 +434,7 @@ func (c *Console) events(r *http.Request) (Events, error) {
 	for i, e := range list {
 		out.Events[i] = toEvent(e, now)
 	}
-	if len(list) == q.Limit {
-		out.NextAfter = list[len(list)-1].Seq
-	}
+	out.NextAfter = page.NextAfter
 	return out, nil
 }
 

@@ -32,7 +32,7 @@ import (
 // Store is what the console reads and acts on; *store.Store is one.
 type Store interface {
 	Status(ctx context.Context, opts store.StatusOptions) (store.Status, error)
-	Events(ctx context.Context, q store.EventsOptions) ([]store.EventInfo, error)
+	EventsPage(ctx context.Context, q store.EventsOptions) (store.EventsPage, error)
 	Event(ctx context.Context, id int64, uid string) (store.EventDetail, error)
 	Failures(ctx context.Context) ([]store.FailureGroup, error)
 	Activity(ctx context.Context, minutes int) ([]store.Minute, error)
