@@ -26,8 +26,11 @@ GO_MIN := $(shell awk '$$1 == "go" {print $$2; exit}' go.mod)
 test-go-min: ## the library's tests with the oldest Go go.mod declares
 	GOTOOLCHAIN=go$(GO_MIN) $(SERVICES) $(GO) test -count=1 -timeout 12m $$(GOTOOLCHAIN=go$(GO_MIN) $(GO) list ./... | grep -v /cmd/)
 
-build: ## build the outbox binary into bin/outbox
-	$(GO) build -o bin/outbox ./cmd/outbox
+# The version `outbox version` reports: the checkout's tag, or its commit.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+
+build: ## build the outbox binary into bin/outbox, reporting $(VERSION)
+	$(GO) build -ldflags "-X github.com/outboxhq/outbox/cmd/outbox/outboxcli.version=$(VERSION)" -o bin/outbox ./cmd/outbox
 
 # The seed corpora run in `make test`; this explores beyond them.
 fuzz: ## fuzz beyond the seed corpora (scripts/fuzz.sh)

@@ -17,12 +17,14 @@ import (
 type Roles struct {
 	// Relay claims, marks and, for retention, deletes events: SELECT,
 	// UPDATE and DELETE on the outbox and SELECT on its migrations table
-	// (the schema check at start-up). For relay.mode log it also gets
-	// SELECT and UPDATE on the handoff view (migration 8), and INSERT on
-	// the outbox with USAGE on its seq sequence, to hand log-only events
-	// to the table. Operator commands (stuck, retry, park, replay,
-	// cleanup) work under it too.
+	// (the schema check at start-up). Operator commands (stuck, retry,
+	// park, replay, cleanup) work under it too.
 	Relay string
+	// LogMode grants the relay what relay.mode log needs besides: SELECT
+	// and UPDATE on the handoff view (migration 8), and INSERT on the
+	// outbox with USAGE on its seq sequence, to hand log-only events to the
+	// table. A relay in table mode never inserts, so it is not granted to.
+	LogMode bool
 	// Producer only inserts events: INSERT on the outbox, USAGE on its seq
 	// sequence and EXECUTE on the event_id default's function and on the
 	// write function (migration 7). It cannot read payloads back.
@@ -68,11 +70,13 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			grant("SELECT, UPDATE, DELETE", "TABLE "+n.Processed, r.Relay)
 		}
 		grant("SELECT", "TABLE "+n.Migrations, r.Relay)
-		// relay.mode log: the table path claims through the handoff view,
-		// and the log relay inserts log-only events it hands to the table.
-		grant("SELECT, UPDATE", "TABLE "+n.HandoffView, r.Relay)
-		grant("INSERT", "TABLE "+n.Outbox, r.Relay)
-		grant("USAGE", "SEQUENCE "+seq, r.Relay)
+		if r.LogMode {
+			// The table path claims through the handoff view, and the log
+			// relay inserts log-only events it hands to the table.
+			grant("SELECT, UPDATE", "TABLE "+n.HandoffView, r.Relay)
+			grant("INSERT", "TABLE "+n.Outbox, r.Relay)
+			grant("USAGE", "SEQUENCE "+seq, r.Relay)
+		}
 	}
 	if r.Producer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Producer)

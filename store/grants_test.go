@@ -20,11 +20,12 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 func TestGrantsQuoteEveryName(t *testing.T) {
 	evil := `x"; DROP TABLE canary; --`
-	stmts, err := store.Grants(store.Config{Schema: evil, Table: evil + "t"}, store.Roles{Relay: evil, Producer: "p", Consumer: "c"})
+	stmts, err := store.Grants(store.Config{Schema: evil, Table: evil + "t"}, store.Roles{Relay: evil, LogMode: true, Producer: "p", Consumer: "c"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ type roleFixture struct {
 	relay, producer, consumer *pgxpool.Pool
 }
 
-func newRoleFixture(t *testing.T, noRetention bool) *roleFixture {
+func newRoleFixture(t *testing.T, noRetention, logMode bool) *roleFixture {
 	t.Helper()
 	ctx := context.Background()
 	admin, cfg := pgtest.Schema(t)
@@ -124,7 +125,7 @@ func newRoleFixture(t *testing.T, noRetention bool) *roleFixture {
 		pools[job] = pool
 	}
 	err = store.ApplyGrants(ctx, admin, cfg, store.Roles{
-		Relay: names["relay"], Producer: names["producer"], Consumer: names["consumer"], NoRetention: noRetention,
+		Relay: names["relay"], Producer: names["producer"], Consumer: names["consumer"], NoRetention: noRetention, LogMode: logMode,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +154,7 @@ func mustDeny(t *testing.T, what string, err error) {
 }
 
 func TestLeastPrivilegeRoles(t *testing.T) {
-	f := newRoleFixture(t, false)
+	f := newRoleFixture(t, false, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	agg := uuid.NewString()
@@ -231,11 +232,11 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		processed+" WHERE processed_at < now() - interval '1 day' FOR UPDATE SKIP LOCKED)"); err != nil {
 		t.Errorf("relay processed retention delete: %v", err)
 	}
-	// The relay may insert: in relay.mode log it hands log-only events it
-	// cannot publish to the table (migration 8).
-	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, 'k', 't', '{}', now())", uuid.NewString()); err != nil {
-		t.Errorf("relay hands an event to the table: %v", err)
-	}
+	// In table mode the relay never inserts, so it may not.
+	_, err = f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload) VALUES ($1, 'k', 't', '{}')", uuid.NewString())
+	mustDeny(t, "relay in table mode inserts an event", err)
+	_, err = f.relay.Exec(ctx, "SELECT * FROM "+pgx.Identifier{f.cfg.Schema, f.cfg.Table + "_handoff"}.Sanitize())
+	mustDeny(t, "relay in table mode reads the handoff view", err)
 	_, err = f.relay.Exec(ctx, "DROP TABLE "+f.table())
 	mustDeny(t, "relay drops the outbox", err)
 	_, err = f.relay.Exec(ctx, "TRUNCATE "+f.table())
@@ -264,7 +265,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 }
 
 func TestLeastPrivilegeWithoutRetention(t *testing.T) {
-	f := newRoleFixture(t, true)
+	f := newRoleFixture(t, true, false)
 	ctx := context.Background()
 	st, err := store.New(f.relay, f.cfg, nil)
 	if err != nil {
@@ -281,4 +282,32 @@ func TestLeastPrivilegeWithoutRetention(t *testing.T) {
 	mustDeny(t, "relay without retention deletes events", err)
 	_, err = f.relay.Exec(ctx, "DELETE FROM "+pgx.Identifier{f.cfg.Schema, "processed_events"}.Sanitize())
 	mustDeny(t, "relay without retention deletes processed records", err)
+}
+
+// relay.mode log: the relay also hands log-only events to the table and
+// claims them through the handoff view.
+func TestLeastPrivilegeLogMode(t *testing.T) {
+	f := newRoleFixture(t, false, true)
+	ctx := context.Background()
+	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, 'k', 't', '{}', now())", uuid.NewString()); err != nil {
+		t.Errorf("relay hands an event to the table: %v", err)
+	}
+	hc, err := walrelay.HandoffConfig(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hst, err := store.New(f.relay, hc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := hst.Claim(ctx, core.ClaimOptions{Limit: 10})
+	if err != nil {
+		t.Fatalf("relay claims the handoff view: %v", err)
+	}
+	if len(c.Events()) != 1 {
+		t.Errorf("claimed %d handed-off events, want 1", len(c.Events()))
+	}
+	if err := c.Complete(ctx, []int64{c.Events()[0].Seq}, nil); err != nil {
+		t.Errorf("relay marks a handed-off event: %v", err)
+	}
 }

@@ -207,16 +207,60 @@ func (q EventsOptions) filters(next int) ([]string, []any, error) {
 	return conds, args, nil
 }
 
+// DispatchedScanRows bounds the rows a filtered listing of dispatched
+// events walks for one page: the filters have no index over dispatched
+// rows, so without a bound a filter that matches little would read the
+// whole table, newest to oldest. A page that ends short of its limit at
+// the bound says where the next one starts (EventsPage.NextAfter).
+const DispatchedScanRows = 100_000
+
+// dispatchedScanRows is DispatchedScanRows, smaller in tests.
+var dispatchedScanRows int64 = DispatchedScanRows
+
+// EventsPage is one page of a listing.
+type EventsPage struct {
+	Events []EventInfo
+	// NextAfter is EventsOptions.After for the next page; 0 on the last.
+	NextAfter int64
+}
+
 // Events lists the events in q.State that match q's filters, a page at a
 // time (see EventsOptions.After).
 func (s *Store) Events(ctx context.Context, q EventsOptions) ([]EventInfo, error) {
+	p, err := s.EventsPage(ctx, q)
+	return p.Events, err
+}
+
+// EventsPage is Events with where the next page starts.
+func (s *Store) EventsPage(ctx context.Context, q EventsOptions) (EventsPage, error) {
+	out, lo, err := s.events(ctx, q)
+	if err != nil {
+		return EventsPage{}, err
+	}
+	limit := q.Limit
+	if limit == 0 {
+		limit = DefaultEventsLimit
+	}
+	p := EventsPage{Events: out}
+	switch {
+	case len(out) == limit:
+		p.NextAfter = out[len(out)-1].Seq
+	case lo > 1:
+		p.NextAfter = lo // the scan stopped at its bound: older rows are on the next page
+	}
+	return p, nil
+}
+
+// events runs the listing; lo is the lowest seq a bounded scan of
+// dispatched events looked at (0 when the scan was not bounded).
+func (s *Store) events(ctx context.Context, q EventsOptions) (out []EventInfo, lo int64, err error) {
 	switch {
 	case q.Limit < 0 || q.Limit > MaxEventsLimit:
-		return nil, fmt.Errorf("list events: limit %d is not between 1 and %d", q.Limit, MaxEventsLimit)
+		return nil, 0, fmt.Errorf("list events: limit %d is not between 1 and %d", q.Limit, MaxEventsLimit)
 	case q.StuckAfter < 0:
-		return nil, fmt.Errorf("list events: StuckAfter %v is negative", q.StuckAfter)
+		return nil, 0, fmt.Errorf("list events: StuckAfter %v is negative", q.StuckAfter)
 	case q.After < 0:
-		return nil, fmt.Errorf("list events: After %d is negative", q.After)
+		return nil, 0, fmt.Errorf("list events: After %d is negative", q.After)
 	}
 	if q.Limit == 0 {
 		q.Limit = DefaultEventsLimit
@@ -249,34 +293,45 @@ func (s *Store) Events(ctx context.Context, q EventsOptions) ([]EventInfo, error
 		state = "o.dispatched_at IS NULL AND o.parked_at IS NOT NULL"
 	case StateDispatched:
 		state = "o.dispatched_at IS NOT NULL"
-		order, cursor = "o.seq DESC", "($1 = 0 OR o.seq < $1)"
+		order, cursor = "o.seq DESC", "($1::bigint = 0 OR o.seq < $1::bigint)" // seq is a bigint: so is the cursor
 	default:
-		return nil, fmt.Errorf("list events: state %q is not one of %s", q.State, statesList())
+		return nil, 0, fmt.Errorf("list events: state %q is not one of %s", q.State, statesList())
 	}
 	conds, fargs, err := q.filters(len(args) + 1)
 	if err != nil {
-		return nil, fmt.Errorf("list events: %w", err)
+		return nil, 0, fmt.Errorf("list events: %w", err)
 	}
 	args = append(args, fargs...)
+	if q.State == StateDispatched && len(conds) > 0 {
+		hi := q.After
+		if hi == 0 {
+			if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0) + 1 FROM `+s.n.Outbox).Scan(&hi); err != nil {
+				return nil, 0, fmt.Errorf("list dispatched events: newest seq: %w", err)
+			}
+		}
+		lo = max(hi-dispatchedScanRows, 1)
+		args[0] = hi
+		args = append(args, lo)
+		cursor = fmt.Sprintf("o.seq < $1::bigint AND o.seq >= $%d::bigint", len(args))
+	}
 	where := strings.Join(append([]string{state, cursor}, conds...), " AND ")
 	sql := `SELECT ` + s.infoCols() + ` FROM ` + s.n.Outbox + ` o WHERE ` + where + ` ORDER BY ` + order + ` LIMIT $2`
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list %s events: %w", q.State, err)
+		return nil, 0, fmt.Errorf("list %s events: %w", q.State, err)
 	}
 	defer rows.Close()
-	var out []EventInfo
 	for rows.Next() {
 		e, err := scanInfo(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list %s events: scan: %w", q.State, err)
+			return nil, 0, fmt.Errorf("list %s events: scan: %w", q.State, err)
 		}
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list %s events: %w", q.State, err)
+		return nil, 0, fmt.Errorf("list %s events: %w", q.State, err)
 	}
-	return out, nil
+	return out, lo, nil
 }
 
 func statesList() string {
@@ -307,13 +362,13 @@ type EventDetail struct {
 	ContentType string
 	Headers     []byte // the headers column's text, JSON; nil when NULL
 	// Before and After are the nearest events of the same aggregate, up to
-	// a few on each side, in seq order: every pending one and the others
-	// within NeighbourWindow rows.
+	// Neighbours on each side, in seq order: pending ones wherever they
+	// are, the others within NeighbourWindow rows.
 	Before, After []EventInfo
 }
 
-// neighbours is how many events Event returns on each side.
-const neighbours = 5
+// Neighbours is how many events Event returns on each side.
+const Neighbours = 5
 
 // Event returns the event at seq, or with the event id id when seq is
 // zero, wrapping ErrEventNotFound when there is none.
@@ -371,7 +426,7 @@ func (s *Store) Event(ctx context.Context, seq int64, id string) (EventDetail, e
     UNION (SELECT seq FROM ` + t + ` WHERE aggregate_id = $1 AND seq > $2
            AND dispatched_at IS NULL AND parked_at IS NULL ORDER BY seq LIMIT $4))
 ORDER BY o.seq`
-	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.Seq, NeighbourWindow, neighbours)
+	rows, err := s.pool.Query(ctx, sql, d.AggregateID, d.Seq, NeighbourWindow, Neighbours)
 	if err != nil {
 		return EventDetail{}, fmt.Errorf("read neighbours of event %d: %w", d.Seq, err)
 	}
@@ -392,11 +447,11 @@ ORDER BY o.seq`
 	}
 	// The nearest few on each side: pending ones from further away may
 	// have joined the window's.
-	if len(d.Before) > neighbours {
-		d.Before = d.Before[len(d.Before)-neighbours:]
+	if len(d.Before) > Neighbours {
+		d.Before = d.Before[len(d.Before)-Neighbours:]
 	}
-	if len(d.After) > neighbours {
-		d.After = d.After[:neighbours]
+	if len(d.After) > Neighbours {
+		d.After = d.After[:Neighbours]
 	}
 	return d, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
@@ -376,5 +377,90 @@ VALUES ('k-1', 'reminder.due', '{}', now() + interval '1 day', now() - interval 
 	}
 	if e := list[0]; e.State() != store.StateScheduled || e.DeliverAt.Before(time.Now().Add(23*time.Hour)) || !e.RetryAt.IsZero() {
 		t.Errorf("scheduled event: state %s, deliver at %v, retry at %v", e.State(), e.DeliverAt, e.RetryAt)
+	}
+}
+
+// The dispatched list pages by seq past 2^31-1: seq is a bigint, and the
+// cursor's parameter must be one too (an int4 cursor failed every page
+// once seqs passed it, and any such cursor on a small table).
+func TestDispatchedListPastInt32(t *testing.T) {
+	f := newPoisonFixture(t)
+	cfg, err := f.cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	const big = int64(1)<<31 + 5
+	for _, seq := range []int64{big, big + 1, big + 2} {
+		if _, err := f.pool.Exec(f.ctx, "INSERT INTO "+table+" (seq, event_id, aggregate_id, type, payload, dispatched_at)"+
+			" VALUES ($1, gen_random_uuid(), 'k', 't.x', '{}', now())", seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.events(store.EventsOptions{State: store.StateDispatched}); !slices.Equal(got, []int64{big + 2, big + 1, big}) {
+		t.Errorf("first page %v", got)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateDispatched, After: big + 2}); !slices.Equal(got, []int64{big + 1, big}) {
+		t.Errorf("page after %d: %v", big+2, got)
+	}
+	if got := f.events(store.EventsOptions{State: store.StateDispatched, After: 1 << 40}); len(got) != 3 {
+		t.Errorf("page after 2^40: %v", got)
+	}
+}
+
+// A filter on the dispatched list walks at most DispatchedScanRows rows a
+// page (here 10): a page may come back short, with where the next one
+// starts, and following the pages finds every match.
+func TestDispatchedFilterScanIsBounded(t *testing.T) {
+	defer store.SetDispatchedScanRows(10)()
+	f := newPoisonFixture(t)
+	cfg, err := f.cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	var want []int64
+	for i := 1; i <= 30; i++ {
+		typ := "other"
+		if i <= 5 || i == 17 {
+			typ = "match"
+		}
+		var seq int64
+		if err := f.pool.QueryRow(f.ctx, "INSERT INTO "+table+" (event_id, aggregate_id, type, payload, dispatched_at)"+
+			" VALUES (gen_random_uuid(), 'k', $1, '{}', now()) RETURNING seq", typ).Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		if typ == "match" {
+			want = append([]int64{seq}, want...) // newest first
+		}
+	}
+	var got []int64
+	pages, firstLen := 0, -1
+	q := store.EventsOptions{State: store.StateDispatched, Type: "match", Limit: 3}
+	for {
+		p, err := f.st.EventsPage(f.ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		if firstLen < 0 {
+			firstLen = len(p.Events)
+		}
+		got = append(got, infoIDs(p.Events)...)
+		if p.NextAfter == 0 || pages > 20 {
+			break
+		}
+		q.After = p.NextAfter
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("pages found %v, want %v", got, want)
+	}
+	if firstLen != 0 {
+		t.Errorf("the first page has %d events: the scan walked past the newest 10 rows", firstLen)
+	}
+	// Unfiltered, the list is as before: full pages, no bound.
+	p, err := f.st.EventsPage(f.ctx, store.EventsOptions{State: store.StateDispatched, Limit: 25})
+	if err != nil || len(p.Events) != 25 {
+		t.Errorf("unfiltered: %d events, %v", len(p.Events), err)
 	}
 }

@@ -78,8 +78,12 @@ func NewProxy(t testing.TB, target string) *Proxy {
 }
 
 // Listen is NewProxy for use outside tests; the caller calls Cut.
-func Listen(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func Listen(target string) (*Proxy, error) { return ListenOn("127.0.0.1:0", target) }
+
+// ListenOn is Listen on the loopback address addr: a server that appears
+// late at an address a client already dials.
+func ListenOn(addr, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/walrelay"
 )
 
@@ -362,6 +363,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		// As an operator would: the relays' role may read slots, and the
 		// slot and publication exist before they start.
 		if _, err := db.admin.Exec(ctx, "ALTER ROLE "+relayRole+" REPLICATION"); err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		if err := store.ApplyGrants(ctx, db.admin, db.cfg, store.Roles{Relay: relayRole, LogMode: true}); err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
 		if _, err := walrelay.CreateSlot(ctx, db.admin, db.cfg, walrelay.Slot{}); err != nil {

@@ -116,10 +116,18 @@ type EventDetail struct {
 	Event
 	// Payload is a JSON payload as stored; PayloadHex holds any other
 	// (Protobuf, Avro, raw bytes), of ContentType.
-	Payload     json.RawMessage `json:"payload,omitempty"`
-	PayloadHex  string          `json:"payload_hex,omitempty"`
-	ContentType string          `json:"content_type"`
-	Headers     json.RawMessage `json:"headers"`
+	Payload    json.RawMessage `json:"payload,omitempty"`
+	PayloadHex string          `json:"payload_hex,omitempty"`
+	// PayloadBytes is the payload's size. Over PayloadPreviewBytes the
+	// payload is left out (a held 4 MB row would make a 4 MB page):
+	// PayloadPreview has its first PayloadPreviewBytes (as text for JSON,
+	// else as hex) and PayloadURL downloads it whole.
+	PayloadBytes     int             `json:"payload_bytes"`
+	PayloadTruncated bool            `json:"payload_truncated,omitempty"`
+	PayloadPreview   string          `json:"payload_preview,omitempty"`
+	PayloadURL       string          `json:"payload_url"`
+	ContentType      string          `json:"content_type"`
+	Headers          json.RawMessage `json:"headers"`
 	// Before and After are the nearest events of the same aggregate.
 	Before []Event `json:"before"`
 	After  []Event `json:"after"`
@@ -384,16 +392,16 @@ func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, e
 	if q.After, err = parseInt("after", v.Get("after")); err != nil {
 		return q, EventsQuery{}, err
 	}
-	limit, err := parseInt("limit", v.Get("limit"))
-	if err != nil {
-		return q, EventsQuery{}, err
-	}
-	if limit > store.MaxEventsLimit {
-		return q, EventsQuery{}, badRequest("limit: %d is over the maximum of %d", limit, store.MaxEventsLimit)
-	}
-	q.Limit = int(limit)
-	if q.Limit == 0 {
-		q.Limit = store.DefaultEventsLimit
+	q.Limit = store.DefaultEventsLimit
+	if s := v.Get("limit"); strings.TrimSpace(s) != "" {
+		limit, err := parseInt("limit", s)
+		if err != nil {
+			return q, EventsQuery{}, err
+		}
+		if limit < 1 || limit > store.MaxEventsLimit {
+			return q, EventsQuery{}, badRequest("limit: %d is not between 1 and %d", limit, store.MaxEventsLimit)
+		}
+		q.Limit = int(limit)
 	}
 	echo := EventsQuery{State: string(q.State), Type: q.Type, AggregateID: q.AggregateID, Error: q.Error,
 		Fingerprint: q.Fingerprint, CreatedAfter: after, CreatedBefore: before, After: q.After, Limit: q.Limit}
@@ -413,7 +421,8 @@ func (c *Console) events(r *http.Request) (Events, error) {
 	if err != nil {
 		return Events{}, err
 	}
-	list, err := c.opts.Store.Events(r.Context(), q)
+	page, err := c.opts.Store.EventsPage(r.Context(), q)
+	list := page.Events
 	if err != nil {
 		if strings.Contains(err.Error(), "is not a UUID") || strings.Contains(err.Error(), "created-before") {
 			return Events{}, badRequest("%v", err)
@@ -425,9 +434,7 @@ func (c *Console) events(r *http.Request) (Events, error) {
 	for i, e := range list {
 		out.Events[i] = toEvent(e, now)
 	}
-	if len(list) == q.Limit {
-		out.NextAfter = list[len(list)-1].Seq
-	}
+	out.NextAfter = page.NextAfter
 	return out, nil
 }
 
@@ -440,19 +447,50 @@ func (c *Console) apiEvents(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ev)
 }
 
+// PayloadPreviewBytes is the most of a payload an event's page and JSON
+// carry; the rest is downloaded (GET /api/v1/events/{ref}/payload).
+const PayloadPreviewBytes = 64 << 10
+
+// apiPayload sends an event's payload whole, as a download: never rendered
+// by the browser in the console's origin, whatever its content type.
+func (c *Console) apiPayload(w http.ResponseWriter, r *http.Request) {
+	seq, id, err := eventRef(r)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	d, err := c.opts.Store.Event(r.Context(), seq, id)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	ext := ".bin"
+	if core.IsJSON(d.ContentType) {
+		ext = ".json"
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="event-%d%s"`, d.Seq, ext))
+	w.Header().Set("Content-Length", strconv.Itoa(len(d.Payload)))
+	_, _ = w.Write(d.Payload)
+}
+
+// eventRef reads the event named by the path: its seq, or its event id.
+func eventRef(r *http.Request) (seq int64, id string, err error) {
+	ref := r.PathValue("ref")
+	if n, err := strconv.ParseInt(ref, 10, 64); err == nil && n > 0 {
+		return n, "", nil
+	}
+	if len(ref) == 36 && strings.Count(ref, "-") == 4 {
+		return 0, ref, nil
+	}
+	return 0, "", badRequest("event %q: give its seq (a positive number) or its event id (a UUID)", ref)
+}
+
 // event reads the event named by the path: its seq, or its event id.
 func (c *Console) event(r *http.Request) (EventDetail, error) {
-	ref := r.PathValue("ref")
-	var (
-		seq int64
-		id  string
-	)
-	if n, err := strconv.ParseInt(ref, 10, 64); err == nil && n > 0 {
-		seq = n
-	} else if len(ref) == 36 && strings.Count(ref, "-") == 4 {
-		id = ref
-	} else {
-		return EventDetail{}, badRequest("event %q: give its seq (a positive number) or its event id (a UUID)", ref)
+	seq, id, err := eventRef(r)
+	if err != nil {
+		return EventDetail{}, err
 	}
 	d, err := c.opts.Store.Event(r.Context(), seq, id)
 	if err != nil {
@@ -467,9 +505,17 @@ func (c *Console) event(r *http.Request) (EventDetail, error) {
 	if out.ContentType == "" {
 		out.ContentType = core.ContentTypeJSON
 	}
-	if core.IsJSON(d.ContentType) && json.Valid(d.Payload) {
+	out.PayloadBytes = len(d.Payload)
+	out.PayloadURL = fmt.Sprintf("/api/v1/events/%d/payload", d.Seq)
+	isJSON := core.IsJSON(d.ContentType)
+	switch {
+	case len(d.Payload) > PayloadPreviewBytes && isJSON:
+		out.PayloadTruncated, out.PayloadPreview = true, strings.ToValidUTF8(string(d.Payload[:PayloadPreviewBytes]), "")
+	case len(d.Payload) > PayloadPreviewBytes:
+		out.PayloadTruncated, out.PayloadPreview = true, hex.EncodeToString(d.Payload[:PayloadPreviewBytes/2])
+	case isJSON && json.Valid(d.Payload):
 		out.Payload = d.Payload
-	} else {
+	default:
 		out.PayloadHex = hex.EncodeToString(d.Payload)
 	}
 	if d.Headers != nil && json.Valid(d.Headers) {

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/outboxhq/outbox/store"
@@ -31,7 +32,7 @@ import (
 // Store is what the console reads and acts on; *store.Store is one.
 type Store interface {
 	Status(ctx context.Context, opts store.StatusOptions) (store.Status, error)
-	Events(ctx context.Context, q store.EventsOptions) ([]store.EventInfo, error)
+	EventsPage(ctx context.Context, q store.EventsOptions) (store.EventsPage, error)
 	Event(ctx context.Context, id int64, uid string) (store.EventDetail, error)
 	Failures(ctx context.Context) ([]store.FailureGroup, error)
 	Activity(ctx context.Context, minutes int) ([]store.Minute, error)
@@ -156,6 +157,34 @@ func New(opts Options) (*Console, error) {
 	return c, nil
 }
 
+// allowed returns the methods, other than r's, that a route of the API
+// takes on r's path ("GET, POST"), or "" when the path is none of them.
+func (c *Console) allowed(r *http.Request) string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := c.mux.Handler(probe); pattern != "" && pattern != "/api/v1/" {
+			allow = append(allow, m)
+		}
+	}
+	return strings.Join(allow, ", ")
+}
+
+// noListing answers 404 for a folder, which a file server would list.
+func noListing(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // Paths lists the path prefixes the console serves, for a caller mounting
 // it beside other handlers.
 var Paths = []string{"/console/", "/api/v1/"}
@@ -172,10 +201,16 @@ func (c *Console) routes() {
 	m.Handle("GET /api/v1/overview", read(c.apiOverview))
 	m.Handle("GET /api/v1/events", read(c.apiEvents))
 	m.Handle("GET /api/v1/events/{ref}", read(c.apiEvent))
+	m.Handle("GET /api/v1/events/{ref}/payload", read(c.apiPayload))
 	m.Handle("GET /api/v1/failures", read(c.apiFailures))
 	m.Handle("GET /api/v1/actions/{action}", read(c.apiPreview))
 	m.Handle("POST /api/v1/actions/{action}", write(c.apiAction, apiRequest))
 	m.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := c.allowed(r); allow != "" {
+			w.Header().Set("Allow", allow)
+			writeError(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+" (allowed: "+allow+")")
+			return
+		}
 		writeError(w, r, http.StatusNotFound, "no such API path: "+r.URL.Path)
 	})
 
@@ -186,7 +221,7 @@ func (c *Console) routes() {
 	m.Handle("GET /console/actions/{action}", read(c.pageConfirm))
 	m.Handle("POST /console/actions/{action}", write(c.pageAction, formRequest))
 	m.Handle("GET /console/login", c.auth.login())
-	m.Handle("GET /console/static/", http.StripPrefix("/console/", http.FileServerFS(staticFS)))
+	m.Handle("GET /console/static/", http.StripPrefix("/console/", noListing(http.FileServerFS(staticFS))))
 	m.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
 	})

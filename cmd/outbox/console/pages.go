@@ -29,12 +29,15 @@ type pages struct {
 }
 
 var funcs = template.FuncMap{
-	"ago":    agoSeconds,
-	"since":  since,
-	"ts":     timestamp,
-	"pretty": prettyJSON,
-	"short":  short,
-	"add":    func(a, b int) int { return a + b },
+	"neighbours": func() int { return store.Neighbours },
+	"bytes":      humanBytes,
+	"window":     func() string { return thousands(store.NeighbourWindow) },
+	"ago":        agoSeconds,
+	"since":      since,
+	"ts":         timestamp,
+	"pretty":     prettyJSON,
+	"short":      short,
+	"add":        func(a, b int) int { return a + b },
 	"query": func(kv ...string) template.URL {
 		v := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -332,4 +335,24 @@ func short(s string, n int) string {
 		n--
 	}
 	return s[:n] + "…"
+}
+
+// thousands writes n with commas between groups of three digits.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// humanBytes writes n as bytes, KiB or MiB.
+func humanBytes(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }

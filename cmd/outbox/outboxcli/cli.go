@@ -18,12 +18,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -92,8 +92,9 @@ type app struct {
 	loader *Loader
 	log    *slog.Logger
 	out    io.Writer
-	mask   *masker      // of the command line's output, which the log and out go through
-	slots  *slotMetrics // the slot's gauges, when relay.mode log serves /metrics
+	mask   *masker         // of the command line's output, which the log and out go through
+	slots  *slotMetrics    // the slot's gauges, when relay.mode log serves /metrics
+	poller *metrics.Poller // the backlog gauges, when the relay serves /metrics
 	stops  []func(context.Context)
 	// logReady is the log relay's readiness checks once relay.mode log runs.
 	logReady atomic.Pointer[func() []core.Check]
@@ -142,6 +143,24 @@ func newLogger(w io.Writer, c LogConfig) *slog.Logger {
 // redacted, and the password pgx settled on (from the URL, PGPASSWORD or
 // a password file) joins the masked secrets.
 func (e *app) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
+	pool, err := e.newPool(ctx, appName)
+	if err != nil {
+		return nil, err
+	}
+	// Creating the pool under a short-lived context made later queries fail
+	// with that context's deadline, so only the first ping is bounded.
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	err = pool.Ping(cctx)
+	cancel()
+	if err != nil {
+		pool.Close()
+		return nil, unavailable(fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err))
+	}
+	return pool, nil
+}
+
+// newPool is openPool without connecting: the pool connects on first use.
+func (e *app) newPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
 	if err != nil {
 		return nil, usagef("database_url: %w", err)
@@ -152,19 +171,9 @@ func (e *app) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 	if t := e.cfg.Database.IdleInTransactionTimeout; t > 0 {
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(t.Milliseconds(), 10)
 	}
-	// Creating the pool under a short-lived context made later queries fail
-	// with that context's deadline, so only the first ping is bounded.
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err == nil {
-		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		err = pool.Ping(cctx)
-		cancel()
-	}
 	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		return nil, unavailable(fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err))
+		return nil, usagef("database_url: %w", err)
 	}
 	return pool, nil
 }

@@ -54,10 +54,14 @@ type RelayConfig struct {
 	PollInterval    time.Duration `koanf:"poll_interval"`
 	PublishTimeout  time.Duration `koanf:"publish_timeout"`
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
-	Unordered       bool          `koanf:"unordered"`
-	Wakeups         bool          `koanf:"wakeups"`
-	RetryMin        time.Duration `koanf:"retry_min"`
-	RetryMax        time.Duration `koanf:"retry_max"`
+	// StartupTimeout is how long a starting relay waits for the database
+	// (reachable, schema migrated) and the broker before it exits with
+	// code 3; 0 waits as long as it takes.
+	StartupTimeout time.Duration `koanf:"startup_timeout"`
+	Unordered      bool          `koanf:"unordered"`
+	Wakeups        bool          `koanf:"wakeups"`
+	RetryMin       time.Duration `koanf:"retry_min"`
+	RetryMax       time.Duration `koanf:"retry_max"`
 	// Mode is where the relay finds events: "table" claims them from the
 	// outbox table; "log" reads them from a logical replication slot
 	// (rows of the table and log-only messages) and runs the table path
@@ -160,7 +164,8 @@ func Defaults() Config {
 		panic(err)
 	}
 	return Config{
-		Broker: "stdout",
+		// No default broker: a relay that names none refuses to start
+		// rather than print its events and mark them dispatched.
 		// Non-nil maps: the loader merges file and environment into them.
 		Brokers: map[string]any{},
 		Routing: brokers.Routing{Types: map[string]string{}, Prefixes: map[string]string{}},
@@ -168,7 +173,8 @@ func Defaults() Config {
 			BatchSize: relay.BatchSize, Lanes: relay.Lanes, Claimers: relay.Claimers,
 			PollInterval: relay.PollInterval, PublishTimeout: relay.PublishTimeout,
 			ShutdownTimeout: relay.ShutdownTimeout, Wakeups: !relay.DisableWakeups,
-			RetryMin: relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
+			StartupTimeout: 5 * time.Minute,
+			RetryMin:       relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
 			Mode: "table",
 			Log: LogRelayConfig{
 				CreateSlot: true, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
@@ -202,9 +208,7 @@ func (c *Config) Validate() error {
 	if _, err := c.StoreConfig().WithDefaults(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Broker == "" {
-		bad("broker", "is empty (known: %s)", strings.Join(brokers.Names(), ", "))
-	} else if !brokers.Registered(c.Broker) {
+	if c.Broker != "" && !brokers.Registered(c.Broker) {
 		bad("broker", "unknown broker %q (known: %s)", c.Broker, strings.Join(brokers.Names(), ", "))
 	}
 	if err := c.Routing.Validate(); err != nil {
@@ -265,6 +269,9 @@ func (c *Config) Validate() error {
 	if r.Log.WALSenderTimeout < 0 {
 		bad("relay.log.wal_sender_timeout", "is negative (0 keeps the server's setting)")
 	}
+	if r.StartupTimeout < 0 {
+		bad("relay.startup_timeout", "is negative (0 waits for the database and the broker as long as it takes)")
+	}
 	if r.RetryMax < r.RetryMin {
 		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
 	}
@@ -306,6 +313,18 @@ func (c *Config) Validate() error {
 		bad("console.enabled", "needs http.listen, the address the console is served on")
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateRelay checks, besides Validate, what only `outbox relay` needs: a
+// broker named. stdout and gochannel are there for trying outbox, so the
+// relay never falls back to one of them.
+func (c *Config) ValidateRelay() error {
+	if c.Broker == "" {
+		return fmt.Errorf("broker: not set: name the broker the relay publishes to with --broker, OUTBOX_BROKER "+
+			"or broker in the config file (known: %s; stdout and gochannel only print or keep events in the process)",
+			strings.Join(brokers.Names(), ", "))
+	}
+	return nil
 }
 
 // validate checks the console section; checkAccess also when the console
@@ -429,7 +448,7 @@ func AddGlobalFlags(fs *pflag.FlagSet) {
 // AddRelayFlags declares the flags only `outbox relay` takes. Load reads
 // whichever of the flags of flagKeys the flag set it is given has.
 func AddRelayFlags(fs *pflag.FlagSet) {
-	fs.String("broker", "", "broker name: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
+	fs.String("broker", "", "broker to publish to, required: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
 	fs.Int("batch-size", 0, "events per claim (default 500)")
 	fs.Int("lanes", 0, "concurrent publishes (default 64)")
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")

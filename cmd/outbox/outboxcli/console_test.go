@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -29,22 +34,53 @@ func serving(t *testing.T, ctx context.Context, what string, args ...string) (ba
 		root.SetArgs(append(args, "--http-listen", "127.0.0.1:0"))
 		exited <- root.ExecuteContext(ctx)
 	}()
+	base = listenAddr(t, ctx, what, stderr, exited)
+	waitHealthy(t, ctx, base, exited)
+	return base, stderr, exited
+}
+
+// unusedAddr returns a loopback address nothing listens on, for a server a
+// test starts late on purpose. It lies below the kernel's ephemeral range,
+// where no outgoing connection or port-0 listener takes it meanwhile;
+// servers a test starts at once bind port 0 instead (serving).
+func unusedAddr(t *testing.T) string {
+	t.Helper()
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 11000 {
+				lo = n
+			}
+		}
+	}
+	for range 100 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(10000+rand.IntN(lo-10000)))
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
+	}
+	t.Fatal("no unused loopback port found")
+	return ""
+}
+
+// listenAddr waits for the log line "<what> listening addr=..." in logs
+// and returns the base URL of that address.
+func listenAddr(t *testing.T, ctx context.Context, what string, logs fmt.Stringer, done <-chan error) string {
+	t.Helper()
 	line := regexp.MustCompile(what + ` listening" addr=(127\.0\.0\.1:\d+)`)
 	for {
-		if m := line.FindStringSubmatch(stderr.String()); m != nil {
-			base = "http://" + m[1]
-			break
+		if m := line.FindStringSubmatch(logs.String()); m != nil {
+			return "http://" + m[1]
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("exited before serving: %v\n%s", err, stderr.String())
+		case err := <-done:
+			t.Fatalf("exited before serving: %v\n%s", err, logs.String())
 		case <-ctx.Done():
-			t.Fatalf("not serving: %v\n%s", ctx.Err(), stderr.String())
+			t.Fatalf("not serving: %v\n%s", ctx.Err(), logs.String())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	waitHealthy(t, ctx, base, exited)
-	return base, stderr, exited
 }
 
 // syncBuffer is a bytes.Buffer a command writes while the test reads it.

@@ -45,6 +45,7 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"relay.poll_interval", relay.PollInterval, d.Relay.PollInterval, true},
 		{"relay.publish_timeout", relay.PublishTimeout, d.Relay.PublishTimeout, true},
 		{"relay.shutdown_timeout", relay.ShutdownTimeout, d.Relay.ShutdownTimeout, true},
+		{"relay.startup_timeout", 5 * time.Minute, d.Relay.StartupTimeout, true},
 		{"relay.retry_min", relay.RetryBackoff.Min, d.Relay.RetryMin, true},
 		{"relay.retry_max", relay.RetryBackoff.Max, d.Relay.RetryMax, true},
 		{"store.schema", st.Schema, st.Schema, true},
@@ -56,14 +57,15 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"stuck.after", store.DefaultStuckAge, d.Stuck.After, true},
 		{"console.lag_slo", console.DefaultLagSLO, d.Console.LagSLO, true},
 		{"console.enabled", false, d.Console.Enabled, true},
-		{"relay.mode", "table", d.Relay.Mode, false},
-		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, false},
-		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, false},
-		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, false},
-		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, false},
-		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, false},
-		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, false},
-		{"relay.log.handoff_after", lr.HandOffAfter, d.Relay.Log.HandOffAfter, false},
+		{"relay.mode", "table", d.Relay.Mode, true},
+		{"broker", "(required)", required(d.Broker), false},
+		{"relay.log.max_in_flight", lr.MaxInFlight, d.Relay.Log.MaxInFlight, true},
+		{"relay.log.status_interval", lr.StatusInterval, d.Relay.Log.StatusInterval, true},
+		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, true},
+		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, true},
+		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, true},
+		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, true},
+		{"relay.log.handoff_after", lr.HandOffAfter, d.Relay.Log.HandOffAfter, true},
 	}
 	readme := readmeDefaults(t)
 	example := exampleValues(t)
@@ -79,6 +81,14 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 			t.Errorf("%s: docs/examples/outbox.yaml says %q (present %v), the library %q", k.key, got, ok, want)
 		}
 	}
+}
+
+// required renders an empty default as README's table does.
+func required(s string) string {
+	if s == "" {
+		return "(required)"
+	}
+	return s
 }
 
 func render(v any) string {

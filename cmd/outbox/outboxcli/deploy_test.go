@@ -169,6 +169,9 @@ func TestDockerfile(t *testing.T) {
 	if !strings.Contains(build, "CGO_ENABLED=0") || !strings.HasSuffix(build, "./cmd/outbox") {
 		t.Errorf("build %q is not a static build of ./cmd/outbox", build)
 	}
+	if !strings.Contains(build, "-X github.com/outboxhq/outbox/cmd/outbox/outboxcli.version=${VERSION}") {
+		t.Errorf("build %q does not set the version `outbox version` reports", build)
+	}
 	if len(entry) != 1 || !strings.HasSuffix(entry[0], "/outbox") {
 		t.Errorf("ENTRYPOINT %v is not the binary", entry)
 	}
@@ -178,8 +181,10 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
-func TestSystemdUnit(t *testing.T) {
-	b, err := os.ReadFile(deployDir + "outbox.service")
+// systemdUnit reads a unit file of docs/deploy as section.key -> values.
+func systemdUnit(t *testing.T, name string) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(deployDir + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,22 +200,31 @@ func TestSystemdUnit(t *testing.T) {
 		default:
 			k, v, ok := strings.Cut(line, "=")
 			if !ok {
-				t.Fatalf("line %q is not key=value", line)
+				t.Fatalf("%s: line %q is not key=value", name, line)
 			}
 			keys[section+"."+k] = append(keys[section+"."+k], v)
 		}
 	}
+	// Every command it runs is the binary's, with flags it takes.
 	for _, k := range []string{"Service.ExecStart", "Service.ExecStartPre"} {
 		for _, v := range keys[k] {
 			f := strings.Fields(v)
 			if !strings.HasSuffix(f[0], "/outbox") {
-				t.Errorf("%s runs %s, not the binary", k, f[0])
+				t.Errorf("%s: %s runs %s, not the binary", name, k, f[0])
 			}
-			if listen := checkArgs(t, k, f[1:]); listen != "" {
-				servedPaths(t, "outbox.service", "/metrics", "/healthz", "/readyz")
+			if listen := checkArgs(t, name+" "+k, f[1:]); listen != "" {
+				servedPaths(t, name, "/metrics", "/healthz", "/readyz")
 			}
 		}
 	}
+	if u := keys["Service.User"]; len(u) > 0 && u[0] == "root" {
+		t.Errorf("%s runs as root", name)
+	}
+	return keys
+}
+
+func TestSystemdUnit(t *testing.T) {
+	keys := systemdUnit(t, "outbox.service")
 	if len(keys["Service.ExecStart"]) != 1 || !strings.Contains(keys["Service.ExecStart"][0], " relay ") {
 		t.Errorf("ExecStart %v is not one `outbox relay`", keys["Service.ExecStart"])
 	}
@@ -221,8 +235,28 @@ func TestSystemdUnit(t *testing.T) {
 	if got := strings.Join(keys["Service.RestartPreventExitStatus"], ""); got != "2" || ExitUsage != 2 {
 		t.Errorf("RestartPreventExitStatus %q, want the usage exit code %d", got, ExitUsage)
 	}
-	if u := keys["Service.User"]; len(u) > 0 && u[0] == "root" {
-		t.Error("the unit runs as root")
+
+	// The migrations run in a unit of their own, as the owner, with a
+	// secrets file the relay does not read.
+	mig := systemdUnit(t, "outbox-migrate.service")
+	if pre := keys["Service.ExecStartPre"]; len(pre) > 0 {
+		t.Errorf("the relay's unit runs %v before the relay: migrations belong to outbox-migrate.service", pre)
+	}
+	runs := strings.Join(mig["Service.ExecStart"], "\n")
+	if !strings.Contains(runs, " migrate ") || !strings.Contains(runs, " grants --apply --relay-role ") {
+		t.Errorf("outbox-migrate.service runs %q: want `outbox migrate` and `outbox grants --apply --relay-role ...`", runs)
+	}
+	if got := strings.Join(mig["Service.Type"], ""); got != "oneshot" {
+		t.Errorf("outbox-migrate.service Type=%s, want oneshot", got)
+	}
+	relayEnv, migEnv := strings.Join(keys["Service.EnvironmentFile"], ","), strings.Join(mig["Service.EnvironmentFile"], ",")
+	if relayEnv == "" || migEnv == "" || relayEnv == migEnv {
+		t.Errorf("EnvironmentFile: relay %q, migrations %q; want a file each", relayEnv, migEnv)
+	}
+	for _, k := range []string{"Unit.Wants", "Unit.After"} {
+		if !strings.Contains(strings.Join(keys[k], " "), "outbox-migrate.service") {
+			t.Errorf("the relay's unit lacks %s=outbox-migrate.service", k)
+		}
 	}
 }
 
@@ -237,8 +271,14 @@ type k8sDoc struct {
 }
 
 type container struct {
-	Name  string   `yaml:"name"`
-	Args  []string `yaml:"args"`
+	Name    string   `yaml:"name"`
+	Image   string   `yaml:"image"`
+	Args    []string `yaml:"args"`
+	EnvFrom []struct {
+		SecretRef struct {
+			Name string `yaml:"name"`
+		} `yaml:"secretRef"`
+	} `yaml:"envFrom"`
 	Ports []struct {
 		Name          string `yaml:"name"`
 		ContainerPort int    `yaml:"containerPort"`
@@ -273,7 +313,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		docs[d.Kind] = d
 	}
-	for _, kind := range []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"} {
+	for _, kind := range []string{"Job", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"} {
 		if _, ok := docs[kind]; !ok {
 			t.Errorf("no %s", kind)
 		}
@@ -312,13 +352,14 @@ func TestKubernetesManifests(t *testing.T) {
 	if g := time.Duration(dep.Template.Spec.Grace) * time.Second; g <= Defaults().Relay.ShutdownTimeout {
 		t.Errorf("terminationGracePeriodSeconds %s does not exceed relay.shutdown_timeout", g)
 	}
-	for _, c := range dep.Template.Spec.InitContainers {
-		checkArgs(t, "initContainer "+c.Name, c.Args)
+	if len(dep.Template.Spec.InitContainers) > 0 {
+		t.Errorf("the relay's pods run init containers %+v: migrations belong to the Job, with the owner's Secret", dep.Template.Spec.InitContainers)
 	}
 	if len(dep.Template.Spec.Containers) != 1 {
 		t.Fatalf("%d containers, want the relay", len(dep.Template.Spec.Containers))
 	}
 	relay := dep.Template.Spec.Containers[0]
+	checkMigrationJob(t, docs["Job"], relay, b)
 	listen := checkArgs(t, "container "+relay.Name, relay.Args)
 	if relay.Args[0] != "relay" || listen == "" {
 		t.Fatalf("container args %v: want `relay --http-listen ...`", relay.Args)
@@ -422,6 +463,60 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
+// checkMigrationJob checks that the Job migrates and grants the relay's
+// role with a Secret of its own, on the relay's image, and that the
+// manifest's header says how to build that image and create both Secrets.
+func checkMigrationJob(t *testing.T, job k8sDoc, relay container, manifest []byte) {
+	t.Helper()
+	var spec struct {
+		Template struct {
+			Spec struct {
+				RestartPolicy  string      `yaml:"restartPolicy"`
+				InitContainers []container `yaml:"initContainers"`
+				Containers     []container `yaml:"containers"`
+			} `yaml:"spec"`
+		} `yaml:"template"`
+	}
+	if err := specOf(job).Decode(&spec); err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.Template.Spec.Containers) == 0 {
+		t.Fatal("the Job runs no container")
+	}
+	secretOf := func(c container) string {
+		if len(c.EnvFrom) != 1 {
+			t.Errorf("container %s: envFrom %+v, want one Secret", c.Name, c.EnvFrom)
+			return ""
+		}
+		return c.EnvFrom[0].SecretRef.Name
+	}
+	relaySecret := secretOf(relay)
+	var cmds []string
+	for _, c := range append(spec.Template.Spec.InitContainers, spec.Template.Spec.Containers...) {
+		checkArgs(t, "Job container "+c.Name, c.Args)
+		cmds = append(cmds, strings.Join(c.Args, " "))
+		if s := secretOf(c); s == relaySecret {
+			t.Errorf("Job container %s uses the relay's Secret %q: migrations run as the owner", c.Name, s)
+		}
+		if c.Image != relay.Image {
+			t.Errorf("Job container %s runs image %q, the relay %q", c.Name, c.Image, relay.Image)
+		}
+	}
+	if len(cmds) != 2 || cmds[0] != "migrate" || !strings.HasPrefix(cmds[1], "grants --apply --relay-role ") {
+		t.Errorf("the Job runs %q: want migrate, then grants --apply --relay-role ...", cmds)
+	}
+	if p := spec.Template.Spec.RestartPolicy; p != "OnFailure" && p != "Never" {
+		t.Errorf("the Job's restartPolicy %q", p)
+	}
+	image, _, _ := strings.Cut(relay.Image, ":")
+	for _, want := range []string{"docker build -f docs/deploy/Dockerfile", "-t " + relay.Image, "docker push " + relay.Image,
+		"kubectl create secret generic " + relaySecret, "kubectl create secret generic " + secretOf(spec.Template.Spec.Containers[0])} {
+		if !bytes.Contains(manifest, []byte(want)) {
+			t.Errorf("the manifest's header does not say %q (image %s)", want, image)
+		}
+	}
+}
+
 func specOf(d k8sDoc) *yaml.Node { return &d.Spec }
 
 // itoaAny renders a port given as a number or a name.
@@ -433,4 +528,29 @@ func itoaAny(v any) string {
 		return v
 	}
 	return ""
+}
+
+// docs/security.md shows what `outbox grants` prints for its example.
+func TestSecurityDocGrantsSample(t *testing.T) {
+	b, err := os.ReadFile("../../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cmd = "outbox grants --schema shop --relay-role outbox_relay --producer-role shop_app"
+	doc := string(b)
+	i := strings.Index(doc, cmd)
+	if i < 0 {
+		t.Fatalf("docs/security.md lacks %q", cmd)
+	}
+	_, rest, _ := strings.Cut(doc[i:], "```sql\n")
+	sample, _, _ := strings.Cut(rest, "```")
+	var out bytes.Buffer
+	root := NewRoot(&out, io.Discard)
+	root.SetArgs(strings.Fields(cmd)[1:])
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if sample != out.String() {
+		t.Errorf("docs/security.md shows\n%s\n`%s` prints\n%s", sample, cmd, out.String())
+	}
 }

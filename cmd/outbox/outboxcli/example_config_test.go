@@ -2,6 +2,7 @@ package outboxcli
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -36,8 +37,10 @@ func TestExampleConfigIsValid(t *testing.T) {
 			t.Fatalf("section %s: %v", name, err)
 		}
 	}
-	if len(k.Brokers) != 2 || a.Channels != 16 || g.ProjectID != "my-project" {
-		t.Errorf("broker sections not decoded: kafka %v, amqp channels %d, project %q", k.Brokers, a.Channels, g.ProjectID)
+	// The example spells out the adapters' defaults (docs/brokers.md).
+	if len(k.Brokers) != 2 || a.Channels != 64 || g.ProjectID != "my-project" || g.PublishTimeout != 10*time.Second {
+		t.Errorf("broker sections not decoded or not the defaults: kafka %v, amqp channels %d (64), project %q, publish_timeout %s (10s)",
+			k.Brokers, a.Channels, g.ProjectID, g.PublishTimeout)
 	}
 	if c.Relay.Claimers != 4 || c.Routing.TopicPrefix != "prod." || c.HTTP.Listen != ":9090" {
 		t.Errorf("example values not loaded: %+v", c.Relay)

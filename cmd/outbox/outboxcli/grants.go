@@ -21,7 +21,9 @@ func grantsCmd() *cobra.Command {
 		Short: "Print (or apply) least-privilege GRANTs for relay, producer and consumer roles",
 		Long: "grants prints the GRANT statements that let existing roles do one job each on the outbox:\n" +
 			"the relay role reads, marks and deletes (for retention) events, the producer role only inserts them,\n" +
-			"the consumer role records processed events. With --apply they run in one transaction, as a role\n" +
+			"the consumer role records processed events. With relay.mode log (OUTBOX_RELAY_MODE=log or the config\n" +
+			"file) the relay role may also insert the events it hands to the table and claim them through the\n" +
+			"handoff view; in table mode it cannot insert. With --apply they run in one transaction, as a role\n" +
 			"that owns the tables (the one that ran `outbox migrate`).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -32,6 +34,7 @@ func grantsCmd() *cobra.Command {
 					return usageError(err)
 				}
 				commandMasker(cmd).add(secretsOf(l.k)...)
+				roles.LogMode = cfg.Relay.Mode == "log"
 				stmts, err := store.Grants(cfg.StoreConfig(), roles)
 				if err != nil {
 					return usageError(err)
@@ -45,6 +48,7 @@ func grantsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			roles.LogMode = e.cfg.Relay.Mode == "log"
 			stmts, err := store.Grants(e.cfg.StoreConfig(), roles)
 			if err != nil {
 				return err

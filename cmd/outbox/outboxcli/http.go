@@ -22,11 +22,12 @@ import (
 	"github.com/outboxhq/outbox/store"
 )
 
-func init() { relayHooks = append(relayHooks, startHTTP) }
+func init() { relayHooks = append(relayHooks, startPoller) }
 
 // startHTTP serves /metrics, /healthz and /readyz when http.listen is set,
-// and returns the metrics observer for the relay.
-func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error) {
+// and returns the metrics observer for the relay. Until relay returns one,
+// /readyz shows the checks of waiting: what the starting relay waits for.
+func (e *app) startHTTP(ctx context.Context, st *store.Store, relay func() *core.Relay, waiting *startup) (core.Observer, error) {
 	addr := e.cfg.HTTP.Listen
 	if addr == "" {
 		return nil, nil
@@ -50,13 +51,14 @@ func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher,
 		return nil, fmt.Errorf("http.listen %s: %w", addr, err)
 	}
 	ready := func(ctx context.Context) []core.Check {
-		r := relay()
-		if r == nil {
-			return []core.Check{{Name: "progress", Err: errors.New("relay not started")}}
-		}
-		checks := r.Ready(ctx)
-		if log := e.logReady.Load(); log != nil {
-			checks = append(checks, (*log)()...)
+		var checks []core.Check
+		if r := relay(); r != nil {
+			checks = r.Ready(ctx)
+			if log := e.logReady.Load(); log != nil {
+				checks = append(checks, (*log)()...)
+			}
+		} else {
+			checks = append(waiting.checks(), core.Check{Name: "progress", Err: errors.New("relay not started")})
 		}
 		// /readyz shows the failures, which may quote a connection setting.
 		for i := range checks {
@@ -81,10 +83,19 @@ func startHTTP(ctx context.Context, e *app, st *store.Store, pub core.Publisher,
 		mountConsole(mux, con)
 		paths += " /console/ /api/v1/"
 	}
-	go poller.Run(ctx)
+	e.poller = poller
 	serveHTTP(ctx, e, ln, mux)
 	e.log.Info("http listening", "addr", ln.Addr().String(), "paths", paths)
 	return obs, nil
+}
+
+// startPoller runs the backlog gauges' queries once the database is
+// reached, when /metrics is served.
+func startPoller(ctx context.Context, e *app, _ *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
+	if e.poller != nil {
+		go e.poller.Run(ctx)
+	}
+	return nil, nil
 }
 
 // serveHTTP serves h on ln until ctx is done, then shuts the server down,

@@ -224,7 +224,12 @@ func slotCmd() *cobra.Command {
 			},
 		},
 	)
-	cmd.Commands()[1].Flags().Bool("json", false, "print JSON")
+	// By name: cobra sorts the subcommands, so an index names another one.
+	for _, c := range cmd.Commands() {
+		if c.Name() == "status" {
+			c.Flags().Bool("json", false, "print JSON")
+		}
+	}
 	return cmd
 }
 

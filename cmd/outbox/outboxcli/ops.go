@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -222,7 +223,7 @@ func replayCmd() *cobra.Command {
 				if dryRun {
 					verb = "would replay"
 				}
-				fmt.Fprintf(e.out, "%s %d events (%s)\n", verb, n, sel)
+				fmt.Fprintf(e.out, "%s %s (%s)\n", verb, events(n), sel)
 				return noMatch(n)
 			})
 		},
@@ -323,4 +324,12 @@ func cleanupCmd() *cobra.Command {
 	f.BoolVar(&dryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// events is "1 event" or "n events".
+func events(n int64) string {
+	if n == 1 {
+		return "1 event"
+	}
+	return strconv.FormatInt(n, 10) + " events"
 }

@@ -93,7 +93,7 @@ func stuckCmd() *cobra.Command {
 					return errNoMatch
 				}
 				tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tTYPE\tAGGREGATE\tAGE\tATTEMPTS\tSTATE\tHELD BACK\tLAST ERROR")
+				fmt.Fprintln(tw, "SEQ\tTYPE\tAGGREGATE\tAGE\tATTEMPTS\tSTATE\tHELD BACK\tLAST ERROR")
 				for _, j := range out {
 					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.Seq, j.Type, j.AggregateID,
 						human(time.Duration(j.AgeSeconds*float64(time.Second))), j.Attempts, stuckState(j), j.HeldBack,
@@ -210,7 +210,7 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 					}
 					return noMatch(n)
 				}
-				fmt.Fprintf(e.out, "%s %d events (%s)\n", verb, n, sel)
+				fmt.Fprintf(e.out, "%s %s (%s)\n", verb, events(n), sel)
 				if n == store.MaxSelected {
 					fmt.Fprintf(e.out, "that is the per-call maximum; run again for the rest\n")
 				}

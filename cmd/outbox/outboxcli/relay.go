@@ -23,6 +23,9 @@ func relayCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := e.cfg.ValidateRelay(); err != nil {
+				return usagef("invalid configuration:\n%w", err)
+			}
 			return e.runRelay(cmd.Context())
 		},
 	}
@@ -41,20 +44,43 @@ var publisherWraps []func(ctx context.Context, e *app, pub core.Publisher) (core
 
 func (e *app) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
-	st, err := e.openStore(ctx, relayAppName+" "+relayClientName())
+	pool, err := e.newPool(ctx, relayAppName+" "+relayClientName())
 	if err != nil {
 		return err
 	}
-	defer st.Pool().Close()
-	pub, err := brokers.Open(ctx, e.cfg.Broker, brokers.Options{
-		Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
-	})
+	defer pool.Close()
+	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
 	if err != nil {
-		// A broker section that does not decode is a usage error already.
-		return unavailable(err)
+		return usageError(err)
+	}
+	defer e.stopped(ctx)
+
+	// The HTTP server comes first, so /healthz answers and /readyz says
+	// what the relay waits for while it waits.
+	var current atomic.Pointer[core.Relay]
+	var observers core.Observers
+	waiting := newStartup("database", "broker")
+	obs, err := e.startHTTP(ctx, st, current.Load, waiting)
+	if err != nil {
+		return err
+	}
+	if obs != nil {
+		observers = append(observers, obs)
+	}
+	deadline := e.startupDeadline()
+	if err := e.waitFor(ctx, deadline, waiting, "database", e.reachDatabase(pool)); err != nil {
+		return err
+	}
+	var pub core.Publisher
+	if err := e.waitFor(ctx, deadline, waiting, "broker", func(ctx context.Context) error {
+		pub, err = brokers.Open(ctx, e.cfg.Broker, brokers.Options{
+			Config: e.loader.Section(e.cfg.Broker), Topics: &e.cfg.Routing, Logger: e.log.With("broker", e.cfg.Broker),
+		})
+		return err // a broker section that does not decode is a usage error already
+	}); err != nil {
+		return err
 	}
 	defer pub.Close()
-	defer e.stopped(ctx)
 	for _, wrap := range publisherWraps {
 		if pub, err = wrap(ctx, e, pub); err != nil {
 			return err
@@ -62,8 +88,6 @@ func (e *app) runRelay(ctx context.Context) error {
 	}
 
 	// The hooks' servers may read the relay before it is made.
-	var current atomic.Pointer[core.Relay]
-	var observers core.Observers
 	for _, hook := range relayHooks {
 		obs, err := hook(ctx, e, st, pub, current.Load)
 		if err != nil {

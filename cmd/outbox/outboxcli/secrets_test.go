@@ -133,6 +133,7 @@ func TestCredentialsMaskedInEveryCommand(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Setenv("DATABASE_URL", "")
 				os.Unsetenv("DATABASE_URL")
+				t.Setenv("OUTBOX_RELAY_STARTUP_TIMEOUT", "1s") // an unreachable service fails the start soon
 				args := append([]string{}, cmd...)
 				format := []string{"text", "json"}[i%2]
 				args = append(args, "--schema", sc.Schema, "--log-level", "debug", "--log-format", format)

@@ -199,6 +199,7 @@ func TestDatabasePasswordNeverPrinted(t *testing.T) {
 					} else {
 						t.Setenv("DATABASE_URL", c.dsn)
 					}
+					t.Setenv("OUTBOX_RELAY_STARTUP_TIMEOUT", "1s") // the relay fails its start soon
 					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 					defer cancel()
 					out, errOut, err := runCLI(ctx, args...)
@@ -253,6 +254,7 @@ func TestBrokerPasswordNeverPrinted(t *testing.T) {
 	for name, environ := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv("DATABASE_URL", pgtest.URL(t))
+			t.Setenv("OUTBOX_RELAY_STARTUP_TIMEOUT", "1s")
 			for _, kv := range environ {
 				k, v, _ := strings.Cut(kv, "=")
 				t.Setenv(k, v)

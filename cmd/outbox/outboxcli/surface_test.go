@@ -20,7 +20,7 @@ import (
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
-var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--no-wakeups", "--http-listen"}
+var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--mode", "--no-wakeups", "--http-listen"}
 
 func TestCommandsShowOnlyTheirFlags(t *testing.T) {
 	ctx := context.Background()
@@ -101,17 +101,31 @@ func TestBuildVersion(t *testing.T) {
 	bi := &debug.BuildInfo{GoVersion: "go1.99.1", Main: debug.Module{Path: "github.com/outboxhq/outbox", Version: "v1.2.3"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"},
 			{Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}}}
-	v := buildVersion(bi, true)
+	v := buildVersion("", bi, true)
 	want := versionJSON{Module: "github.com/outboxhq/outbox", Version: "v1.2.3", Commit: "abc123", CommitAt: "2026-01-02T03:04:05Z",
-		Modified: true, GoVersion: "go1.99.1"}
+		Modified: "true", GoVersion: "go1.99.1"}
 	if v != want {
 		t.Errorf("buildVersion = %+v, want %+v", v, want)
 	}
 	if s := v.String(); s != "outbox v1.2.3, commit abc123 (modified) of 2026-01-02T03:04:05Z, go1.99.1" {
 		t.Errorf("String() = %q", s)
 	}
-	if v := buildVersion(nil, false); v.Version != "unknown" || !strings.HasPrefix(v.GoVersion, "go") {
+	if v := buildVersion("", nil, false); v.Version != "unknown" || !strings.HasPrefix(v.GoVersion, "go") {
 		t.Errorf("without build info: %+v", v)
+	}
+	// The version set at build time wins over the module's "(devel)".
+	devel := &debug.BuildInfo{Main: debug.Module{Path: "github.com/outboxhq/outbox", Version: "(devel)"}}
+	if v := buildVersion("v0.1.0", devel, true); v.Version != "v0.1.0" {
+		t.Errorf("with -ldflags version: %+v", v)
+	}
+	// Without VCS data (-buildvcs=false), whether the tree was modified is
+	// unknown, not false.
+	b, err := json.Marshal(buildVersion("", devel, true))
+	if err != nil || !strings.Contains(string(b), `"modified":"unknown"`) {
+		t.Errorf("without VCS data: %s, %v", b, err)
+	}
+	if b, _ := json.Marshal(want); !strings.Contains(string(b), `"modified":true`) {
+		t.Errorf("with VCS data: %s", b)
 	}
 
 	out, _, err := runCLI(context.Background(), "version")
@@ -292,7 +306,7 @@ func TestExitCodes(t *testing.T) {
 		{"database unreachable", map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"},
 			[]string{"status"}, ExitUnavailable},
 		{"broker unreachable", map[string]string{"OUTBOX_BROKERS_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
-			"OUTBOX_BROKERS_AMQP_CONNECT_TIMEOUT": "2s"}, []string{"relay", "--broker", "amqp", "--schema", s}, ExitUnavailable},
+			"OUTBOX_BROKERS_AMQP_CONNECT_TIMEOUT": "2s", "OUTBOX_RELAY_STARTUP_TIMEOUT": "1s"}, []string{"relay", "--broker", "amqp", "--schema", s}, ExitUnavailable},
 		{"not migrated", nil, []string{"status", "--schema", unmigrated}, ExitFailure},
 		{"retry matches nothing", nil, []string{"retry", "--type", "no.such", "--schema", s}, ExitNoMatch},
 		{"park matches nothing", nil, []string{"park", "--type", "no.such", "--reason", "test", "--schema", s}, ExitNoMatch},
@@ -321,11 +335,11 @@ func TestExitCodes(t *testing.T) {
 		" (event_id, aggregate_id, type, payload, retry_at, attempts) VALUES (gen_random_uuid(), gen_random_uuid(), 'x.y', '{}', 'infinity', 3) RETURNING seq").Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := runCLI(ctx, "stuck", "--schema", s); err != nil {
-		t.Errorf("stuck with a held event: %v", err)
+	if out, _, err := runCLI(ctx, "stuck", "--schema", s); err != nil || !strings.HasPrefix(out, "SEQ ") {
+		t.Errorf("stuck with a held event: %v\n%s", err, out)
 	}
-	if _, _, err := runCLI(ctx, "retry", "--type", "x.y", "--schema", s); err != nil {
-		t.Errorf("retry that matches: %v", err)
+	if out, _, err := runCLI(ctx, "retry", "--type", "x.y", "--schema", s); err != nil || !strings.HasPrefix(out, "released 1 event (") {
+		t.Errorf("retry that matches: %v\n%s", err, out)
 	}
 }
 
@@ -343,5 +357,73 @@ func TestMainMapsExitCodes(t *testing.T) {
 	}
 	if !errors.Is(withCode(ExitFailure, errNoMatch), errNoMatch) || ExitCode(withCode(ExitFailure, errNoMatch)) != ExitNoMatch {
 		t.Error("a code once set is kept")
+	}
+}
+
+// A relay that names no broker refuses to start, naming each way to set
+// one, instead of printing its events to stdout and marking them
+// dispatched. The database is unreachable: the check comes first.
+func TestRelayWithoutBrokerRefusesToStart(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	t.Setenv("OUTBOX_BROKER", "")
+	os.Unsetenv("OUTBOX_BROKER")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, errOut, err := runCLI(ctx, "relay")
+	if got := ExitCode(err); got != ExitUsage {
+		t.Fatalf("exit code %d, want %d (err %v)\n%s", got, ExitUsage, err, errOut)
+	}
+	for _, want := range []string{"broker: not set", "--broker", "OUTBOX_BROKER", "broker in the config file"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Named, stdout is accepted: the relay gets as far as the database.
+	t.Setenv("OUTBOX_RELAY_STARTUP_TIMEOUT", "1s")
+	_, errOut, err = runCLI(ctx, "relay", "--broker", "stdout")
+	if got := ExitCode(err); got == ExitUsage {
+		t.Errorf("--broker stdout: exit code %d (err %v)\n%s", got, err, errOut)
+	}
+	// Other commands need no broker.
+	if _, errOut, err := runCLI(ctx, "migrate", "--print", "--all"); err != nil {
+		t.Errorf("migrate --print --all without a broker: %v\n%s", err, errOut)
+	}
+}
+
+// The version reaches the binary as make build and the Dockerfile set it,
+// and a build without VCS data says "unknown" for modified.
+func TestVersionSetAtBuildTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "outbox")
+	build := exec.Command("go", "build", "-buildvcs=false",
+		"-ldflags", "-X github.com/outboxhq/outbox/cmd/outbox/outboxcli.version=v9.8.7", "-o", bin, "../")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version", "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatal(err)
+	}
+	if v["version"] != "v9.8.7" || v["modified"] != "unknown" {
+		t.Errorf("version --json = %s, want version v9.8.7 and modified unknown", out)
+	}
+}
+
+// --json belongs to `slot status`, which documents it, not to `slot drop`.
+func TestSlotStatusTakesJSON(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, errOut, err := runCLI(ctx, "slot", "status", "--json"); ExitCode(err) != ExitUnavailable {
+		t.Errorf("slot status --json: exit %d (%v), want %d: the flag parses and the database is unreachable\n%s", ExitCode(err), err, ExitUnavailable, errOut)
+	}
+	if _, _, err := runCLI(ctx, "slot", "drop", "--json"); ExitCode(err) != ExitUsage {
+		t.Errorf("slot drop --json: exit %d (%v), want %d", ExitCode(err), err, ExitUsage)
 	}
 }
