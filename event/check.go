@@ -161,9 +161,9 @@ func EncodeHeaders(h map[string]string) ([]byte, error) {
 		case k == "":
 			return nil, &FieldError{Field: "headers", Msg: "headers have an empty name"}
 		case slices.Contains(ReservedHeaders, k):
-			return nil, &FieldError{Field: "headers", Msg: fmt.Sprintf("header name %q is set by the relay", k)}
+			return nil, &FieldError{Field: "headers", Msg: fmt.Sprintf("headers: header name %q is set by the relay", k)}
 		case !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k+v, 0):
-			return nil, &FieldError{Field: "headers", Msg: fmt.Sprintf("header %q is not valid UTF-8 or has a NUL character", Short(k))}
+			return nil, &FieldError{Field: "headers", Msg: fmt.Sprintf("headers: header %q is not valid UTF-8 or has a NUL character", Short(k))}
 		}
 	}
 	b, err := json.Marshal(h)
