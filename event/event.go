@@ -9,8 +9,8 @@
 //
 // It lives at the module root, beside the writer, rather than under store,
 // because it is not about PostgreSQL: it imports only the standard library
-// and google/uuid, so a producer links the rules without the relays or
-// the replication protocol. Limits that are configurable (the writer's
+// and google/uuid, so a producer links the rules without the log relay
+// (store/walrelay) and pglogrepl. Limits that are configurable (the writer's
 // payload limit, the relay's event limit) are passed in by the caller,
 // which keeps their defaults.
 //
