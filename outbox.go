@@ -42,7 +42,7 @@ var _ DBTX = (pgx.Tx)(nil)
 // Message is one event to write.
 type Message struct {
 	// AggregateID is the ordering and partition key: any non-empty string
-	// of at most store.MaxKeyBytes (255) bytes without control characters,
+	// of at most event.MaxKeyBytes (255) bytes without control characters,
 	// such as a UUID, "ord_2Xb9" or a number as text. Keys are compared
 	// byte for byte.
 	AggregateID string
