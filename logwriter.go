@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/event"
 )
 
 // LogWriter writes events into PostgreSQL's write-ahead log only, with
@@ -18,7 +18,7 @@ import (
 //
 // Messages are checked as Writer checks them, and carry the same fields
 // (any key, a content type with bytes payloads, a topic, a deliver-at
-// time); the encoding is walrelay.EncodeMessage's. A scheduled event is
+// time); the encoding is event.EncodeMessage's. A scheduled event is
 // handed by the relay to the table when it reads it, and published from
 // there when due. LogWriter is safe for concurrent use.
 type LogWriter struct {
@@ -27,7 +27,7 @@ type LogWriter struct {
 }
 
 // NewLogWriter checks opts. opts.Store names the outbox whose log relay
-// reads the events (the message prefix is walrelay.MessagePrefix of it).
+// reads the events (the message prefix is event.MessagePrefix of its schema and table).
 func NewLogWriter(opts WriterOptions) (*LogWriter, error) {
 	w, err := NewWriter(opts)
 	if err != nil {
@@ -60,16 +60,16 @@ func (l *LogWriter) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if payload == nil {
 			payload = []byte(p.payload)
 		}
-		b, err := walrelay.EncodeMessage(walrelay.Message{
+		b, err := event.EncodeMessage(event.Message{
 			ID: p.id, AggregateID: m.AggregateID, Type: m.Type, ContentType: m.ContentType, Topic: m.Topic,
 			DeliverAt: m.DeliverAt, Headers: p.headerMap, Payload: payload,
 		})
 		if err != nil {
-			var ee *walrelay.EncodeError
-			if errors.As(err, &ee) {
-				return &ValidationError{Index: i, Field: ee.Field, Msg: ee.Msg}
+			var fe *event.FieldError
+			if errors.As(err, &fe) {
+				return &ValidationError{Index: i, Field: fe.Field, Msg: fe.Msg}
 			}
-			return &ValidationError{Index: i, Field: "payload", Msg: err.Error()}
+			return &ValidationError{Index: i, Field: "payload", Msg: "payload " + err.Error()}
 		}
 		contents[i] = string(b)
 	}

@@ -18,16 +18,16 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/outboxhq/outbox/event"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -42,7 +42,7 @@ var _ DBTX = (pgx.Tx)(nil)
 // Message is one event to write.
 type Message struct {
 	// AggregateID is the ordering and partition key: any non-empty string
-	// of at most store.MaxKeyBytes (255) bytes without control characters,
+	// of at most event.MaxKeyBytes (255) bytes without control characters,
 	// such as a UUID, "ord_2Xb9" or a number as text. Keys are compared
 	// byte for byte.
 	AggregateID string
@@ -120,11 +120,13 @@ type ValidationError struct {
 	// Field is "aggregate_id", "type", "content_type", "payload",
 	// "headers", "topic", "deliver_at" or "id".
 	Field string
-	Msg   string
+	// Msg says what is wrong, naming the field, such as
+	// `topic "a b" contains whitespace or a control character`.
+	Msg string
 }
 
 func (e *ValidationError) Error() string {
-	return fmt.Sprintf("outbox: message %d: %s %s", e.Index, e.Field, e.Msg)
+	return fmt.Sprintf("outbox: message %d: %s", e.Index, e.Msg)
 }
 
 // Write validates msgs, serializes their payloads and inserts them with tx
@@ -230,21 +232,22 @@ type prepared struct {
 	headerMap   map[string]string // the same headers, for LogWriter
 }
 
-var reservedHeaders = map[string]bool{}
-
-func init() {
-	for _, h := range store.ReservedHeaders {
-		reservedHeaders[h] = true
-	}
-}
-
+// prepare applies the event rules (package event) to m, serializes its
+// payload and adds the trace headers.
 func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, error) {
 	bad := func(field, format string, a ...any) (prepared, error) {
-		return prepared{}, &ValidationError{Index: i, Field: field, Msg: fmt.Sprintf(format, a...)}
+		return prepared{}, &ValidationError{Index: i, Field: field, Msg: field + " " + fmt.Sprintf(format, a...)}
+	}
+	refused := func(err error) (prepared, error) {
+		var fe *event.FieldError
+		if errors.As(err, &fe) {
+			return prepared{}, &ValidationError{Index: i, Field: fe.Field, Msg: fe.Msg}
+		}
+		return bad("payload", "%v", err)
 	}
 	var p prepared
-	if err := store.CheckKey(m.AggregateID); err != nil {
-		return bad("aggregate_id", "%s", err)
+	if err := event.CheckFields(m.AggregateID, m.Type, m.ContentType, m.Topic, m.DeliverAt); err != nil {
+		return refused(err)
 	}
 	if m.ID == "" {
 		id, err := uuid.NewV7()
@@ -253,32 +256,14 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		}
 		p.id = id.String()
 	} else {
-		id, err := uuid.Parse(m.ID)
+		id, err := event.ParseID(m.ID)
 		if err != nil {
-			return bad("id", "%q is not a UUID", truncateForError(m.ID))
+			return bad("id", "%s", err)
 		}
-		p.id = id.String()
-	}
-	if err := store.CheckType(m.Type); err != nil {
-		return bad("type", "%s", strings.TrimPrefix(err.Error(), "type "))
-	}
-	if m.ContentType != "" {
-		if err := store.CheckContentType(m.ContentType); err != nil {
-			return bad("content_type", "%q %s", truncateForError(m.ContentType), err)
-		}
-	}
-	if m.Topic != "" {
-		if err := store.CheckTopic(m.Topic); err != nil {
-			return bad("topic", "%q %s", truncateForError(m.Topic), err)
-		}
-	}
-	if !m.DeliverAt.IsZero() {
-		if err := store.CheckDeliverAt(m.DeliverAt); err != nil {
-			return bad("deliver_at", "%s", err)
-		}
+		p.id = id
 	}
 	var raw []byte
-	if store.IsJSON(m.ContentType) {
+	if event.IsJSON(m.ContentType) {
 		switch v := m.Payload.(type) {
 		case nil:
 			return bad("payload", "is nil")
@@ -293,15 +278,6 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 				return bad("payload", "cannot be serialized: %v", err)
 			}
 		}
-		switch {
-		case len(raw) > w.opts.MaxPayloadBytes:
-			return bad("payload", "is %d bytes, over the limit of %d", len(raw), w.opts.MaxPayloadBytes)
-		case !json.Valid(raw):
-			return bad("payload", "is not valid JSON")
-		case !utf8.Valid(raw):
-			return bad("payload", "is not valid UTF-8")
-		}
-		p.payload = string(raw)
 	} else {
 		switch v := m.Payload.(type) {
 		case []byte:
@@ -309,49 +285,35 @@ func (w *Writer) prepare(i int, m Message, trace map[string]string) (prepared, e
 		case string:
 			raw = []byte(v)
 		default:
-			return bad("payload", "is %T; content type %q needs []byte or string", m.Payload, truncateForError(m.ContentType))
+			return bad("payload", "is %T; content type %q needs []byte or string", m.Payload, event.Short(m.ContentType))
 		}
-		if len(raw) > w.opts.MaxPayloadBytes {
-			return bad("payload", "is %d bytes, over the limit of %d", len(raw), w.opts.MaxPayloadBytes)
-		}
-		if raw == nil {
-			raw = []byte{} // an empty message (Protobuf's default) is a payload, not NULL
-		}
+	}
+	if err := event.CheckPayload(m.ContentType, raw, w.opts.MaxPayloadBytes); err != nil {
+		return refused(err)
+	}
+	switch {
+	case event.IsJSON(m.ContentType):
+		p.payload = string(raw)
+	case raw == nil:
+		p.bytes = []byte{} // an empty message (Protobuf's default) is a payload, not NULL
+	default:
 		p.bytes = raw
 	}
 	if len(m.Headers) > 0 || trace != nil {
 		h := make(map[string]string, len(m.Headers)+len(trace))
 		for k, v := range m.Headers {
-			switch {
-			case k == "":
-				return bad("headers", "has an empty name")
-			case reservedHeaders[k]:
-				return bad("headers", "name %q is set by the relay", k)
-			case !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k+v, 0):
-				return bad("headers", "%q has invalid characters", truncateForError(k))
-			}
 			h[k] = v
 		}
 		for k, v := range trace {
 			h[k] = v
 		}
-		b, err := json.Marshal(h)
+		b, err := event.EncodeHeaders(h)
 		if err != nil {
-			return bad("headers", "cannot be serialized: %v", err)
-		}
-		if len(b) > store.MaxHeadersBytes {
-			return bad("headers", "are %d bytes as JSON, over the limit of %d", len(b), store.MaxHeadersBytes)
+			return refused(err)
 		}
 		s := string(b)
 		p.headers = &s
 		p.headerMap = h
 	}
 	return p, nil
-}
-
-func truncateForError(s string) string {
-	if len(s) > 64 {
-		s = s[:64] + "..."
-	}
-	return strings.ToValidUTF8(s, "?")
 }

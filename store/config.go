@@ -7,6 +7,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxhq/outbox/event"
 )
 
 // Config names the database objects of one outbox and bounds what the
@@ -199,7 +201,7 @@ func (c Config) names() names {
 		ScheduleFunc:     ident(c.Schema, c.Table+"_schedule"),
 		ScheduleTrigger:  ident(c.Table + "_schedule"),
 		LogWriteFunc:     ident(c.Schema, c.Table+"_log_write"),
-		LogPrefixLiteral: literal("outbox:" + c.Schema + "." + c.Table),
+		LogPrefixLiteral: literal(event.MessagePrefix(c.Schema, c.Table)),
 		SchemaLiteral:    literal(c.Schema),
 		TableLiteral:     literal(c.Table),
 		Channel:          c.NotifyChannel,

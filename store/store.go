@@ -2,19 +2,17 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/event"
 )
 
 // maxReason bounds the stored failure reason.
@@ -314,53 +312,19 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 }
 
 // decode checks what the query could not: the parts of a row a broker
-// message is made of. A JSON payload is in a JSON column, so PostgreSQL has
-// already checked it; other payloads are bytes to pass on as they are.
+// message is made of (event.CheckRow). A JSON payload is in a JSON column,
+// so PostgreSQL has already checked it; other payloads are bytes to pass
+// on as they are.
 func (s *Store) decode(e *core.Event, headers *string, size int64) error {
-	if size > int64(s.cfg.MaxEventBytes) {
-		return fmt.Errorf("payload and headers are %d bytes, over the relay's limit of %d", size, s.cfg.MaxEventBytes)
+	h, err := event.CheckRow(e.Type, headers, size, s.cfg.MaxEventBytes)
+	e.Headers = h
+	if err != nil {
+		return err
 	}
 	if e.Payload == nil {
 		// The row grew past the limit between the two checks: impossible
 		// in one statement, but never publish an empty payload.
 		return errors.New("payload was not read")
-	}
-	if err := CheckType(e.Type); err != nil {
-		return err
-	}
-	if headers != nil && len(*headers) > MaxHeadersBytes {
-		return fmt.Errorf("headers are %d bytes, over the limit of %d", len(*headers), MaxHeadersBytes)
-	}
-	if headers != nil && *headers != "null" {
-		if err := json.Unmarshal([]byte(*headers), &e.Headers); err != nil {
-			return fmt.Errorf("headers are not a JSON object of strings: %s", truncate(*headers, 200))
-		}
-	}
-	return nil
-}
-
-// Limits of an event's parts that every producer and the relay share; the
-// table's checks (migration 4) state them again in SQL.
-const (
-	MaxTypeBytes    = 255
-	MaxHeadersBytes = 64 << 10 // as JSON; AMQP sends headers in one frame
-)
-
-// CheckType refuses a type a broker route or header cannot carry: empty,
-// longer than MaxTypeBytes, or with whitespace or control characters.
-func CheckType(t string) error {
-	switch {
-	case t == "":
-		return errors.New("type is empty")
-	case len(t) > MaxTypeBytes:
-		return fmt.Errorf("type is %d bytes, over the limit of %d", len(t), MaxTypeBytes)
-	case !utf8.ValidString(t):
-		return errors.New("type is not valid UTF-8")
-	}
-	for _, r := range t {
-		if unicode.IsSpace(r) || unicode.IsControl(r) {
-			return fmt.Errorf("type %q contains whitespace or a control character", t)
-		}
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package walrelay
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,7 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/event"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -114,13 +113,11 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commi
 		}
 	}
 	it.deliverAt = deliverAt
-	switch {
-	case len(bad) > 0:
+	if len(bad) > 0 {
 		it.bad = fmt.Errorf("row %d: %s", e.Seq, strings.Join(bad, ", "))
-	case it.size > int64(cfg.MaxEventBytes):
-		it.bad = fmt.Errorf("payload and headers are %d bytes, over the relay's limit of %d", it.size, cfg.MaxEventBytes)
-	default:
-		it.bad = checkEvent(e, headers)
+	} else {
+		// The table source's check of a claimed row.
+		e.Headers, it.bad = event.CheckRow(e.Type, headers, it.size, cfg.MaxEventBytes)
 	}
 	if it.bad == nil {
 		e.Payload = payload
@@ -137,24 +134,6 @@ func timestamp(v string) (time.Time, bool) {
 	return t.Time, true
 }
 
-// checkEvent applies the table relay's checks of what a broker message is
-// made of, and decodes the headers.
-func checkEvent(e *core.Event, headers *string) error {
-	if err := store.CheckType(e.Type); err != nil {
-		return err
-	}
-	if headers == nil || *headers == "null" {
-		return nil
-	}
-	if len(*headers) > store.MaxHeadersBytes {
-		return fmt.Errorf("headers are %d bytes, over the limit of %d", len(*headers), store.MaxHeadersBytes)
-	}
-	if err := json.Unmarshal([]byte(*headers), &e.Headers); err != nil {
-		return fmt.Errorf("headers are not a JSON object of strings: %.200s", *headers)
-	}
-	return nil
-}
-
 // decodeMessage turns a logical decoding message of the outbox's prefix
 // into an item. Its seq is the message's WAL position: unique, though not
 // an order across transactions.
@@ -164,7 +143,7 @@ func decodeMessage(m *pglogrepl.LogicalDecodingMessage, commit time.Time, cfg st
 	it := &item{raw: content, size: int64(len(content))}
 	it.ev.Seq = int64(m.LSN)
 	it.ev.CreatedAt = commit
-	msg, err := DecodeMessage(content)
+	msg, err := event.DecodeMessage(content)
 	it.ev.ID, it.ev.AggregateID, it.ev.Type, it.ev.Headers = msg.ID, msg.AggregateID, msg.Type, msg.Headers
 	it.ev.ContentType, it.ev.Topic, it.deliverAt = msg.ContentType, msg.Topic, msg.DeliverAt
 	switch {

@@ -11,7 +11,8 @@
 //   - logical decoding messages of the outbox's prefix, which producers
 //     write with the outbox's log write function (log only: no row at
 //     all; it refuses the write while no slot would read it; see
-//     EncodeMessage for the format and outbox.LogWriter for the writer).
+//     event.EncodeMessage for the format and outbox.LogWriter for the
+//     writer).
 //
 // The slot's confirmed position advances only past transactions all of
 // whose events the broker acknowledged (and whose rows are marked), so a
