@@ -8,8 +8,9 @@
 // messages it reads, so all of them accept and refuse the same events.
 //
 // It lives at the module root, beside the writer, rather than under store,
-// because it is not about PostgreSQL: it imports only the standard library
-// and google/uuid, so a producer links the rules without the log relay
+// because it is not about PostgreSQL: it imports only the standard library,
+// google/uuid and core's definitions (core imports nothing but the
+// standard library), so a producer links the rules without the log relay
 // (store/walrelay) and pglogrepl. Limits that are configurable (the writer's
 // payload limit, the relay's event limit) are passed in by the caller,
 // which keeps their defaults.
@@ -18,24 +19,18 @@
 // its SQL write function, for producers that do not use Go.
 package event
 
-import (
-	"regexp"
-	"strings"
-)
+import "github.com/outboxhq/outbox/core"
 
-// Header names the relay sets on every published message. Producers may
-// not set them (ReservedHeaders).
+// Header names the relay sets on every published message (core defines
+// them, as the relay's contract with consumers). Producers may not set
+// them (ReservedHeaders).
 const (
-	HeaderEventID     = "event_id"     // the event's identity, unique across outboxes; consumers dedupe on it
-	HeaderEventSeq    = "event_seq"    // the event's position in its outbox table
-	HeaderType        = "type"         // event type, such as "order.placed"
-	HeaderAggregateID = "aggregate_id" // ordering and partition key
-	HeaderContentType = "content-type" // the payload's media type; also in each broker's own place for it
-
-	// HeaderEventUID carries the event id too, under the name releases
-	// before migration 5 used, for consumers that still read it. Those
-	// releases put the row position in event_id.
-	HeaderEventUID = "event_uid"
+	HeaderEventID     = core.HeaderEventID
+	HeaderEventSeq    = core.HeaderEventSeq
+	HeaderType        = core.HeaderType
+	HeaderAggregateID = core.HeaderAggregateID
+	HeaderContentType = core.HeaderContentType
+	HeaderEventUID    = core.HeaderEventUID
 )
 
 // ReservedHeaders are the header names the relay sets on every message;
@@ -62,17 +57,7 @@ const (
 	MaxHeadersBytes = 64 << 10
 )
 
-// jsonType matches the media types whose payloads are JSON.
-var jsonType = regexp.MustCompile(`^(application/json|[^/]+/[^/]+\+json)$`)
-
-// IsJSON reports whether content type ct is JSON: empty (the default,
-// application/json), application/json, or any type ending in +json, with
-// or without parameters. Such payloads must be valid JSON and are stored
-// in the payload column; all others are bytes, passed on as they are.
-func IsJSON(ct string) bool {
-	if ct == "" {
-		return true
-	}
-	mt, _, _ := strings.Cut(ct, ";")
-	return jsonType.MatchString(strings.ToLower(strings.TrimSpace(mt)))
-}
+// IsJSON reports whether content type ct is JSON (core.IsJSON): empty
+// (the default, application/json), application/json, or any type ending
+// in +json, with or without parameters.
+func IsJSON(ct string) bool { return core.IsJSON(ct) }
