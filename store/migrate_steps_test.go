@@ -367,13 +367,9 @@ var lockStrength = map[string]int{
 // lock the transaction holds on the table is the strongest named so far.
 func TestStepLocksAreWhatPostgreSQLTakes(t *testing.T) {
 	ctx := context.Background()
-	migs, err := store.Migrations(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	pool, cfg := upgradeFrom(t, 1)
 	fillAsVersion(ctx, t, pool, cfg, 1, 100)
-	migs, err = store.Migrations(cfg)
+	migs, err := store.Migrations(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
