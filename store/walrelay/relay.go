@@ -29,7 +29,7 @@ type Options struct {
 	// missing (see CreateSlot), instead of failing.
 	CreateSlot bool
 
-	Lanes int // concurrent publishes, one aggregate per lane; default 16, at most core.MaxLanes
+	Lanes int // concurrent publishes, one aggregate per lane; default core.Options' (64), at most core.MaxLanes
 	// MaxInFlight bounds the events read from the slot and not yet done
 	// (published and recorded); past it the relay stops reading, so a
 	// broker outage holds memory still. Default 10000.
@@ -133,7 +133,12 @@ func (o Options) WithDefaults() (Options, error) {
 			*v = d
 		}
 	}
-	def(&o.Lanes, 16)
+	// The table path's default, so both modes of one binary agree.
+	table, err := core.Options{}.WithDefaults()
+	if err != nil {
+		return o, fmt.Errorf("log relay options: %w", err)
+	}
+	def(&o.Lanes, table.Lanes)
 	def(&o.MaxInFlight, 10000)
 	def(&o.MaxInFlightBytes, 64<<20)
 	def(&o.MarkBatch, 500)
