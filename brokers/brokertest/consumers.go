@@ -32,7 +32,8 @@ type ConsumerHarness struct {
 	// Subscriber opens the subscriber of one consuming service, built
 	// with the adapter's SubscriberConfig. Its router closes it.
 	Subscriber func(t *testing.T, service string) message.Subscriber
-	// Timeout bounds each wait; default 30s.
+	// Timeout bounds each wait; default 30s. A whole run takes 2-6s under
+	// -race on two cores, so the bound leaves room for a loaded machine.
 	Timeout time.Duration
 }
 
