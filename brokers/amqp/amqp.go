@@ -134,6 +134,32 @@ func (s Config) uri() (full, redacted string, _ error) {
 	return u.String(), u.Redacted(), nil
 }
 
+// connection is the AMQP connection configuration, TLS included, for a
+// connection shown in RabbitMQ's management UI as name.
+func (s Config) connection(name string) (amqp091.Config, error) {
+	cfg := amqp091.Config{
+		Heartbeat:  s.Heartbeat,
+		Locale:     "en_US",
+		Properties: amqp091.Table{"connection_name": name},
+	}
+	if tf := (brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
+		ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}); tf != (brokers.TLSFiles{}) {
+		var err error
+		if cfg.TLSClientConfig, err = tf.Config(); err != nil {
+			return cfg, fmt.Errorf("amqp: %w", err)
+		}
+	}
+	return cfg, nil
+}
+
+// exchange names a topic's exchange: the topic itself, or Exchange.
+func (s Config) exchange() wmamqp.ExchangeNameGenerator {
+	if s.Exchange != "" {
+		return wmamqp.GenerateExchangeNameConstant(s.Exchange)
+	}
+	return wmamqp.GenerateExchangeNameTopicName
+}
+
 // New connects (an unreachable broker or refused credentials is an error),
 // opens the channel pool and returns a publisher routing with topics.
 //
@@ -155,22 +181,11 @@ func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	cfg := amqp091.Config{
-		Heartbeat:  s.Heartbeat,
-		Locale:     "en_US",
-		Properties: amqp091.Table{"connection_name": "outbox relay"},
+	cfg, err := s.connection("outbox relay")
+	if err != nil {
+		return nil, err
 	}
-	if tf := (brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
-		ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}); tf != (brokers.TLSFiles{}) {
-		if cfg.TLSClientConfig, err = tf.Config(); err != nil {
-			return nil, fmt.Errorf("amqp: %w", err)
-		}
-	}
-	exchange := wmamqp.GenerateExchangeNameTopicName
-	if s.Exchange != "" {
-		exchange = wmamqp.GenerateExchangeNameConstant(s.Exchange)
-	}
-	d := &dialer{s: s, uri: uri, redacted: redacted, cfg: cfg, exchange: exchange, log: log}
+	d := &dialer{s: s, uri: uri, redacted: redacted, cfg: cfg, exchange: s.exchange(), log: log}
 	pub, err := wm.Open(ctx, d.dial, topics, classify, wm.Options{
 		DialTimeout: s.ConnectTimeout, Broken: linkDown, Logger: log,
 	})
@@ -410,4 +425,50 @@ func classify(err error) error {
 		}
 	}
 	return err
+}
+
+// SubscriberConfig returns the Watermill configuration of the subscriber
+// through which one consuming service reads what New publishes with the
+// same s (URL and credentials may differ): the same exchange per topic (or
+// Exchange) and type, and a durable queue of the service's own,
+// "<topic>.<service>", bound with the topic as binding key. Each service
+// gets every event; instances of one service share its queue.
+//
+// The queue is declared with single active consumer: RabbitMQ hands it to
+// one instance at a time (another takes over when that one goes), and with
+// a prefetch of one that instance holds a single unacknowledged message, so
+// a nacked message is redelivered before the next. Together they keep each
+// aggregate's events in order; several instances consuming at once would
+// not. Pass the result to wmamqp.NewSubscriber.
+func SubscriberConfig(s Config, service string) (wmamqp.Config, error) {
+	if err := s.Validate(); err != nil {
+		return wmamqp.Config{}, err
+	}
+	if err := brokers.CheckService(service); err != nil {
+		return wmamqp.Config{}, fmt.Errorf("amqp: %w", err)
+	}
+	s = s.withDefaults()
+	uri, _, err := s.uri()
+	if err != nil {
+		return wmamqp.Config{}, err
+	}
+	conn, err := s.connection("outbox consumer " + service)
+	if err != nil {
+		return wmamqp.Config{}, err
+	}
+	return wmamqp.Config{
+		Connection: wmamqp.ConnectionConfig{AmqpURI: uri, AmqpConfig: &conn, Reconnect: wmamqp.DefaultReconnectConfig()},
+		Marshaler:  wmamqp.DefaultMarshaler{},
+		// Declared as the relay declares it, so whichever comes first
+		// creates it and the other finds it equal.
+		Exchange: wmamqp.ExchangeConfig{GenerateName: s.exchange(), Type: s.ExchangeType, Durable: true},
+		Queue: wmamqp.QueueConfig{
+			GenerateName: func(topic string) string { return topic + "." + service },
+			Durable:      true,
+			Arguments:    amqp091.Table{"x-single-active-consumer": true},
+		},
+		QueueBind:       wmamqp.QueueBindConfig{GenerateRoutingKey: func(topic string) string { return topic }},
+		Consume:         wmamqp.ConsumeConfig{Qos: wmamqp.QosConfig{PrefetchCount: 1}},
+		TopologyBuilder: &wmamqp.DefaultTopologyBuilder{},
+	}, nil
 }

@@ -3,12 +3,19 @@ package googlecloud_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"log/slog"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"cloud.google.com/go/pubsub/pstest"
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/googlecloud"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/dedupe"
 )
 
 func ExampleNew() {
@@ -30,4 +37,24 @@ func ExampleNew() {
 	m := srv.Messages()[0]
 	fmt.Println(err, m.Topic, m.OrderingKey)
 	// Output: <nil> projects/my-project/topics/order order-7
+}
+
+// The billing service reads topic "order" through its own subscription,
+// "order.billing", with message ordering on. Needs Pub/Sub, so it is
+// compiled but not run.
+func ExampleSubscriberConfig() {
+	cfg, err := googlecloud.SubscriberConfig(googlecloud.Config{ProjectID: "my-project"}, "billing")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, err := wmgc.NewSubscriber(cfg, watermill.NewSlogLogger(slog.Default()))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The service's router, and its Deduper named "billing" as well.
+	var router *message.Router
+	var d *dedupe.Deduper
+	var handler dedupe.TxNoPublishHandlerFunc
+	router.AddConsumerHandler("billing", "order", sub, d.NoPublishHandler(handler))
 }

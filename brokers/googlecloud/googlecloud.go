@@ -292,3 +292,36 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// SubscriberConfig returns the Watermill configuration of the subscriber
+// through which one consuming service reads what New publishes, reaching
+// Pub/Sub as s does (project, emulator or endpoint, credentials file): a
+// subscription of the service's own, "<topic>.<service>", created on first
+// use with message ordering enabled, so each service gets every event, the
+// service's instances share its messages, and each aggregate's events (the
+// relay's ordering key) arrive in order, one at a time per key. A missing
+// topic is created only when s.CreateTopics is set, as the relay does.
+//
+// Message ordering cannot be turned on for an existing subscription: one
+// created without it must be replaced. Messages published before a
+// subscription exists never reach it, so start each service (or create its
+// subscription) before the relay publishes its topic. Pass the result to
+// wmgc.NewSubscriber.
+func SubscriberConfig(s Config, service string) (wmgc.SubscriberConfig, error) {
+	if err := s.Validate(); err != nil {
+		return wmgc.SubscriberConfig{}, err
+	}
+	if err := brokers.CheckService(service); err != nil {
+		return wmgc.SubscriberConfig{}, fmt.Errorf("googlecloud: %w", err)
+	}
+	s = s.withDefaults()
+	return wmgc.SubscriberConfig{
+		ProjectID:                 s.ProjectID,
+		GenerateSubscriptionName:  wmgc.TopicSubscriptionNameWithSuffix("." + service),
+		SubscriptionConfig:        pubsub.SubscriptionConfig{EnableMessageOrdering: true},
+		DoNotCreateTopicIfMissing: !s.CreateTopics,
+		ConnectTimeout:            s.ConnectTimeout,
+		ClientOptions:             s.clientOptions(),
+		Unmarshaler:               wmgc.DefaultMarshalerUnmarshaler{},
+	}, nil
+}

@@ -3,12 +3,19 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"log/slog"
+	"os"
 
+	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/dedupe"
 )
 
 func ExampleNew() {
@@ -32,4 +39,26 @@ func ExampleNew() {
 		AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 	fmt.Println("published:", err == nil)
 	// Output: published: true
+}
+
+// The billing service reads topic "order" in its own consumer group,
+// "billing". Needs a Kafka cluster, so it is compiled but not run.
+func ExampleSubscriberConfig() {
+	cfg, err := kafka.SubscriberConfig(kafka.Config{
+		Brokers:       []string{"kafka-1.internal:9092", "kafka-2.internal:9092"},
+		SASLMechanism: "SCRAM-SHA-512", SASLUser: "billing", SASLPassword: os.Getenv("KAFKA_PASSWORD"),
+	}, "billing")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, err := wmkafka.NewSubscriber(cfg, watermill.NewSlogLogger(slog.Default()))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The service's router, and its Deduper named "billing" as well.
+	var router *message.Router
+	var d *dedupe.Deduper
+	var handler dedupe.TxNoPublishHandlerFunc
+	router.AddConsumerHandler("billing", "order", sub, d.NoPublishHandler(handler))
 }

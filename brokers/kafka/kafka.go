@@ -380,3 +380,37 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// SubscriberConfig returns the Watermill configuration of the subscriber
+// through which one consuming service reads what New publishes, reaching
+// the cluster as s does (brokers, version, TLS, SASL; the credentials may
+// differ): a consumer group of the service's own, named service, so each
+// service gets every event and the service's instances share the
+// partitions. A new group starts at the oldest retained event, not at the
+// next one, so a service deployed before its first event misses none.
+//
+// The relay keys every message with its aggregate id, so an aggregate's
+// events share a partition; the subscriber hands one partition's messages
+// on one at a time, waiting for each ack, and redelivers a nacked message
+// before the next. Pass the result to wmkafka.NewSubscriber.
+func SubscriberConfig(s Config, service string) (wmkafka.SubscriberConfig, error) {
+	if err := s.Validate(); err != nil {
+		return wmkafka.SubscriberConfig{}, err
+	}
+	if err := brokers.CheckService(service); err != nil {
+		return wmkafka.SubscriberConfig{}, fmt.Errorf("kafka: %w", err)
+	}
+	s = s.withDefaults()
+	c, err := s.sarama()
+	if err != nil {
+		return wmkafka.SubscriberConfig{}, err
+	}
+	c.Consumer.Return.Errors = true // Watermill logs them
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return wmkafka.SubscriberConfig{
+		Brokers:               s.Brokers,
+		Unmarshaler:           wmkafka.DefaultMarshaler{},
+		ConsumerGroup:         service,
+		OverwriteSaramaConfig: c,
+	}, nil
+}
