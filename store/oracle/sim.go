@@ -3,6 +3,7 @@ package oracle
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -12,9 +13,10 @@ type Promise string
 const (
 	// Every committed event is delivered at least once.
 	PromiseDelivery Promise = "delivery"
-	// Log-only events written before the log relay's slot existed are
-	// delivered too.
-	PromiseDeliveryBeforeSlot Promise = "delivery-before-slot"
+	// A log-only write while the log relay's slot does not exist yet fails
+	// in the producer's transaction, which then rolls back (nothing of it
+	// is delivered); with the slot in place no write is refused.
+	PromiseRefusedBeforeSlot Promise = "refused-before-slot"
 	// A held, scheduled or parked event holds back only the later events of
 	// its aggregate: the earlier ones are delivered.
 	PromiseOnlyLaterBlocked Promise = "only-later-blocked"
@@ -48,9 +50,15 @@ type Written struct {
 	Committed bool
 	CommitPos int   // position in the database's commit order (a logical decoding slot); -1 if none
 	Seq       int64 // the row's seq; 0 for a log-only event
+	// Tx numbers the event's transaction in the history: the events of
+	// one transaction share it.
+	Tx int
 	// BeforeSlot: in a log mode, written while the relay's slot did not exist.
 	BeforeSlot bool
-	DeliverAt  time.Time // zero when not scheduled
+	// Refused: the transaction failed because the log write function
+	// refused a log-only write in it (SQLSTATE 55000: no slot reads it).
+	Refused   bool
+	DeliverAt time.Time // zero when not scheduled
 }
 
 // Delivery is one publish the broker took. Counter numbers publishes in
@@ -254,6 +262,7 @@ func (s *Sim) Check(record []Delivery) []Violation {
 		}
 		byN[d.N] = append(byN[d.N], d)
 	}
+	out = append(out, s.checkRefusals()...)
 	keyed := s.keyed()
 	for _, n := range s.order {
 		e := s.events[n]
@@ -296,16 +305,60 @@ func (s *Sim) Check(record []Delivery) []Violation {
 	return out
 }
 
+// mustBeRefused says whether the event's write must fail: a log-only
+// event written while no slot existed.
+func (e *simEvent) mustBeRefused() bool { return e.w.BeforeSlot && !e.spec.Producer.Row() }
+
+// checkRefusals checks that exactly the transactions with a log-only
+// write before the slot existed failed, refused by the log write
+// function.
+func (s *Sim) checkRefusals() []Violation {
+	type txn struct {
+		events        []*simEvent
+		refused, must bool
+	}
+	var txs []*txn
+	byTx := map[int]*txn{}
+	for _, n := range s.order {
+		e := s.events[n]
+		t := byTx[e.w.Tx]
+		if t == nil {
+			t = &txn{}
+			byTx[e.w.Tx] = t
+			txs = append(txs, t)
+		}
+		t.events = append(t.events, e)
+		t.refused = t.refused || e.w.Refused
+		t.must = t.must || e.mustBeRefused()
+	}
+	var out []Violation
+	for _, t := range txs {
+		names := make([]string, len(t.events))
+		for i, e := range t.events {
+			names[i] = e.spec.String()
+		}
+		what := "tx {" + strings.Join(names, "; ") + "}"
+		switch {
+		case t.must && !t.refused:
+			out = append(out, Violation{PromiseRefusedBeforeSlot, what + " wrote a log-only event before the slot existed, and the write was not refused"})
+		case t.refused && !t.must:
+			out = append(out, Violation{PromiseRefusedBeforeSlot, what + " was refused, though it wrote no log-only event before the slot existed"})
+		}
+	}
+	return out
+}
+
 // blockedBy names the promise an event delivered while the model holds it
 // back breaks: when a log-only event written before the slot holds it
-// back, that event was lost, which is the promise broken.
+// back, that event was lost because its write was not refused, which is
+// the promise broken.
 func (s *Sim) blockedBy(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 	for _, o := range keyed[e.spec.Key] {
 		if o == e {
 			break
 		}
-		if o.w.BeforeSlot && !o.spec.Producer.Row() && o.points[k].st == mustNot {
-			return PromiseDeliveryBeforeSlot
+		if o.mustBeRefused() && o.points[k].st == mustNot {
+			return PromiseRefusedBeforeSlot
 		}
 	}
 	return PromiseBlocked
@@ -313,8 +366,8 @@ func (s *Sim) blockedBy(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 
 // missing names the promise an undelivered event breaks.
 func (s *Sim) missing(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
-	if e.w.BeforeSlot && !e.spec.Producer.Row() {
-		return PromiseDeliveryBeforeSlot
+	if e.mustBeRefused() {
+		return PromiseRefusedBeforeSlot // committed, when its write was to fail
 	}
 	// Checked before a replay's promise: a replayed event held back by a
 	// later one breaks this promise first.
