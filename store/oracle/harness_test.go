@@ -81,6 +81,9 @@ func run(t *testing.T, h oracle.History) result {
 		t.Fatal(err)
 	}
 	if h.Mode.Log() {
+		// Unnamed: the relay resolves the default name itself, as a
+		// library user's relay does (the outbox command resolves it
+		// before; both end with the same name).
 		if d.slot, err = (walrelay.Slot{}).WithDefaults(cfg); err != nil {
 			t.Fatal(err)
 		}
