@@ -114,6 +114,7 @@ type Sim struct {
 	events map[int]*simEvent
 	order  []int // labels in write order
 	marks  []int // the delivery counter at each settle point
+	held   []int // at the last settle point, the events the relay must have recorded held
 }
 
 // NewSim returns a model of mode with nothing written.
@@ -195,6 +196,7 @@ func (s *Sim) before(a, b *simEvent) bool {
 // a relay.
 func (s *Sim) Settle(running bool) map[int]int {
 	owed := map[int]int{}
+	s.held = nil
 	st := map[*simEvent]point{}
 	for _, es := range s.keyed() {
 		blocked := false
@@ -210,6 +212,9 @@ func (s *Sim) Settle(running bool) map[int]int {
 			case e.stopper():
 				p.st = mustNot
 				blocked = s.mode.Ordered()
+				if running && e.spec.Fault != None {
+					s.held = append(s.held, e.spec.N)
+				}
 			case !running:
 				p.st = loose
 			default:
@@ -235,6 +240,14 @@ func (s *Sim) Settle(running bool) map[int]int {
 	s.marks = append(s.marks, -1)
 	return owed
 }
+
+// Held returns the events the relay, running, must have tried and recorded
+// held (a permanent failure not retried since, a bad row) by the last
+// settle point: the first such event of its aggregate in ordered modes,
+// every one in unordered mode. The driver waits for them as it waits for
+// the deliveries owed, so that an operator action meets them held, as an
+// operator who looked first would.
+func (s *Sim) Held() []int { return s.held }
 
 // Seal sets the delivery counter of the last settle point.
 func (s *Sim) Seal(mark int) {
