@@ -408,3 +408,33 @@ func TestSimBlamesTheLostEvent(t *testing.T) {
 	f.settle(true, 2) // #1 was lost, so #2 went out
 	f.want(PromiseRefusedBeforeSlot)
 }
+
+// Held names the events a running relay has tried and recorded held: in
+// ordered modes the first of its aggregate (the later ones are not tried),
+// in unordered mode each; none once retried, none with the relay stopped.
+func TestSimHeld(t *testing.T) {
+	perm := func(n, key int) EventSpec { return EventSpec{N: n, Key: key, Producer: GoRows, Fault: Permanent} }
+	bad := func(n, key int) EventSpec { return EventSpec{N: n, Key: key, Producer: SQLInsert, Fault: Bad} }
+	far := EventSpec{N: 5, Key: 3, Producer: GoRows, Sched: Far}
+	for _, c := range []struct {
+		mode Mode
+		want []int
+	}{{TableOrdered, []int{1, 4}}, {LogRows, []int{1, 4}}, {TableUnordered, []int{1, 2, 4, 6}}} {
+		f := newFake(t, c.mode)
+		f.write(true, perm(1, 1), bad(2, 1), e(3, 1, GoRows), bad(4, 2), far, perm(6, 3))
+		f.settle(false)
+		if got := f.s.Held(); len(got) != 0 {
+			t.Errorf("%s: held %v with the relay stopped, want none", c.mode, got)
+		}
+		f.settle(true)
+		got := slices.Sorted(slices.Values(f.s.Held()))
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: held %v, want %v", c.mode, got, c.want)
+		}
+		f.op(Retry, 1)
+		f.settle(true, 1)
+		if got := slices.Sorted(slices.Values(f.s.Held())); slices.Contains(got, 1) {
+			t.Errorf("%s: held %v after #1's retry", c.mode, got)
+		}
+	}
+}
