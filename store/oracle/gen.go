@@ -98,7 +98,7 @@ func (g *gen) event() EventSpec {
 		e.Fault = Bad
 		e.Producer = SQLInsert
 		if g.mode == LogOnly || g.mode == LogRows && g.chance(0.3) {
-			e.Producer = SQLEmit
+			e.Producer = SQLLogWrite
 		}
 	}
 	g.written = append(g.written, e)
@@ -112,13 +112,13 @@ func (g *gen) producer() Producer {
 		if x < 0.6 {
 			return GoLog
 		}
-		return SQLEmit
+		return SQLLogWrite
 	case LogRows:
 		switch {
 		case x < 0.15:
 			return GoLog
 		case x < 0.25:
-			return SQLEmit
+			return SQLLogWrite
 		}
 	}
 	switch {

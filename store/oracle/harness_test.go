@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
@@ -56,6 +57,7 @@ type result struct {
 	deliveries               int
 	duplicates               int // deliveries beyond one per event not owed to a replay
 	stops, kills, pgRestarts int
+	refused                  int // transactions whose log-only write was refused
 }
 
 // run runs h against the real relay of its mode on a fresh outbox.
@@ -79,6 +81,9 @@ func run(t *testing.T, h oracle.History) result {
 		t.Fatal(err)
 	}
 	if h.Mode.Log() {
+		// Unnamed: the relay resolves the default name itself, as a
+		// library user's relay does (the outbox command resolves it
+		// before; both end with the same name).
 		if d.slot, err = (walrelay.Slot{}).WithDefaults(cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +113,7 @@ func run(t *testing.T, h oracle.History) result {
 		}
 	}
 	rec := d.pub.record(d.ids)
-	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts}
+	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused}
 	seen := map[string]int{}
 	for _, r := range rec {
 		seen[r.ID]++
@@ -141,6 +146,8 @@ type driver struct {
 	kills      int
 	pgRestarts int
 	replayed   map[string]int // replays per event id
+	txs        int            // producer transactions run
+	refused    int            // of them refused by the log write function
 }
 
 func (d *driver) idsByN() map[int]string {
@@ -177,20 +184,43 @@ func (d *driver) step(s oracle.Step) {
 	}
 }
 
-// settle waits until every delivery the model owes has arrived (or
-// settleTimeout passed), watches a moment longer, and seals the point.
+// settle waits until every delivery the model owes has arrived and every
+// event it says the relay holds is recorded held (or settleTimeout
+// passed), watches a moment longer, and seals the point. In log mode the
+// log relay records a failed event held when it hands it to the table,
+// which after a kill can come seconds after the write; an operator's
+// retry before then would find nothing to retry.
 func (d *driver) settle() {
 	owed := d.sim.Settle(d.relay != nil)
 	ids := d.idsByN()
+	var held []string
+	for _, n := range d.sim.Held() {
+		held = append(held, ids[n])
+	}
 	deadline := time.Now().Add(settleTimeout)
 	for time.Now().Before(deadline) {
-		if d.pub.has(owed, ids) {
+		if d.pub.has(owed, ids) && d.allHeld(held) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(settleQuiet)
 	d.sim.Seal(d.pub.counter())
+}
+
+// allHeld says whether the events ids are recorded held: failed, not to
+// be retried until an operator says so.
+func (d *driver) allHeld(ids []string) bool {
+	if len(ids) == 0 {
+		return true
+	}
+	var n int
+	err := d.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{d.cfg.Schema, d.cfg.Table}.Sanitize()+
+		" WHERE event_id = ANY($1::uuid[]) AND dispatched_at IS NULL AND retry_at = 'infinity'", ids).Scan(&n)
+	if err != nil {
+		d.t.Fatalf("held events: %v", err)
+	}
+	return n == len(ids)
 }
 
 func (d *driver) operate(s oracle.Step) {
@@ -265,6 +295,7 @@ func (d *driver) write(txs []oracle.Tx) {
 	slot := d.slotMade
 	var wg sync.WaitGroup
 	errs := make(chan error, len(txs))
+	refused := make([]bool, len(txs))
 	for i, tx := range txs {
 		wg.Go(func() {
 			ctx := context.Background()
@@ -287,6 +318,10 @@ func (d *driver) write(txs []oracle.Tx) {
 				}
 				for j, p := range plans[i] {
 					if err := d.produce(ctx, ptx, p.spec, p.id, p.at); err != nil {
+						if !p.spec.Producer.Row() && isRefusal(err) {
+							refused[i] = true // the model says whether it should have been
+							return errRollback
+						}
 						return fmt.Errorf("%s: %w", p.spec, err)
 					}
 					if len(txs) > 1 {
@@ -310,13 +345,17 @@ func (d *driver) write(txs []oracle.Tx) {
 	}
 	pos := d.commits.read(d.t)
 	for i, tx := range txs {
+		d.txs++
+		if refused[i] {
+			d.refused++
+		}
 		for _, p := range plans[i] {
-			w := oracle.Written{ID: p.id, CommitPos: -1, DeliverAt: p.at, BeforeSlot: d.h.Mode.Log() && !slot}
+			w := oracle.Written{ID: p.id, CommitPos: -1, DeliverAt: p.at, Tx: d.txs, BeforeSlot: d.h.Mode.Log() && !slot, Refused: refused[i]}
 			if c, ok := pos[p.id]; ok {
 				w.Committed, w.CommitPos = true, c
 			}
-			if w.Committed != !tx.Rollback {
-				d.t.Fatalf("%s: committed %v, but the transaction was to %s", p.spec, w.Committed, map[bool]string{true: "roll back", false: "commit"}[tx.Rollback])
+			if want := !tx.Rollback && !refused[i]; w.Committed != want {
+				d.t.Fatalf("%s: committed %v, but the transaction was to %s", p.spec, w.Committed, map[bool]string{true: "commit", false: "roll back"}[want])
 			}
 			if w.Committed && p.spec.Producer.Row() {
 				if err := d.pool.QueryRow(context.Background(), "SELECT seq FROM "+pgx.Identifier{d.cfg.Schema, d.cfg.Table}.Sanitize()+" WHERE event_id = $1", p.id).Scan(&w.Seq); err != nil {
@@ -329,6 +368,13 @@ func (d *driver) write(txs []oracle.Tx) {
 }
 
 var errRollback = errors.New("rollback")
+
+// isRefusal says whether err is the log write function refusing a write
+// while no slot reads it.
+func isRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55000"
+}
 
 func key(k int) string { return fmt.Sprintf("k%d", k) }
 
@@ -363,14 +409,14 @@ func (d *driver) produce(ctx context.Context, tx pgx.Tx, e oracle.EventSpec, id 
 		_, err := tx.Exec(ctx, "INSERT INTO "+table+" (event_id, aggregate_id, type, payload, deliver_at) VALUES ($1, $2, $3, $4::json, $5)",
 			id, m.AggregateID, m.Type, string(payload), deliverAt)
 		return err
-	case oracle.SQLEmit:
-		prefix, err := walrelay.MessagePrefix(d.cfg)
+	case oracle.SQLLogWrite:
+		fn, err := d.cfg.LogWriteFunc()
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, json_build_object(
-    'v', 1, 'event_id', $2::uuid, 'aggregate_id', $3::text, 'type', $4::text,
-    'deliver_at', $5::timestamptz, 'payload', $6::json)::text)`, prefix, id, m.AggregateID, m.Type, deliverAt, string(payload))
+		_, err = tx.Exec(ctx, `SELECT `+fn+`(json_build_object(
+    'v', 1, 'event_id', $1::uuid, 'aggregate_id', $2::text, 'type', $3::text,
+    'deliver_at', $4::timestamptz, 'payload', $5::json)::text)`, id, m.AggregateID, m.Type, deliverAt, string(payload))
 		return err
 	}
 	return fmt.Errorf("unknown producer %d", e.Producer)

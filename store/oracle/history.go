@@ -20,7 +20,7 @@ const (
 	TableOrdered   Mode = iota // table mode, ordered claims (the default)
 	TableUnordered             // table mode, relay.unordered
 	LogRows                    // log mode, events written as rows ("table+log")
-	LogOnly                    // log mode, log-only events (pg_logical_emit_message)
+	LogOnly                    // log mode, log-only events (logical decoding messages)
 )
 
 // Modes lists every mode.
@@ -44,11 +44,16 @@ const (
 	SQLFunc                   // the SQL write function
 	SQLInsert                 // a plain INSERT
 	GoLog                     // outbox.LogWriter
-	SQLEmit                   // pg_logical_emit_message from SQL
+	// SQLLogWrite is the SQL log write function (migration 9), the
+	// documented way to write a log-only event from SQL. A raw
+	// pg_logical_emit_message is not a producer here: it skips the
+	// function's check that a slot reads the event, so before the slot
+	// exists its event is lost, which nothing promises otherwise.
+	SQLLogWrite
 )
 
 func (p Producer) String() string {
-	return [...]string{"writer", "sql-function", "sql-insert", "log-writer", "sql-emit"}[p]
+	return [...]string{"writer", "sql-function", "sql-insert", "log-writer", "sql-log-write"}[p]
 }
 
 // Row says whether the producer writes a row (else a log-only message).

@@ -3,6 +3,7 @@ package oracle
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -12,9 +13,10 @@ type Promise string
 const (
 	// Every committed event is delivered at least once.
 	PromiseDelivery Promise = "delivery"
-	// Log-only events written before the log relay's slot existed are
-	// delivered too.
-	PromiseDeliveryBeforeSlot Promise = "delivery-before-slot"
+	// A log-only write while the log relay's slot does not exist yet fails
+	// in the producer's transaction, which then rolls back (nothing of it
+	// is delivered); with the slot in place no write is refused.
+	PromiseRefusedBeforeSlot Promise = "refused-before-slot"
 	// A held, scheduled or parked event holds back only the later events of
 	// its aggregate: the earlier ones are delivered.
 	PromiseOnlyLaterBlocked Promise = "only-later-blocked"
@@ -48,9 +50,15 @@ type Written struct {
 	Committed bool
 	CommitPos int   // position in the database's commit order (a logical decoding slot); -1 if none
 	Seq       int64 // the row's seq; 0 for a log-only event
+	// Tx numbers the event's transaction in the history: the events of
+	// one transaction share it.
+	Tx int
 	// BeforeSlot: in a log mode, written while the relay's slot did not exist.
 	BeforeSlot bool
-	DeliverAt  time.Time // zero when not scheduled
+	// Refused: the transaction failed because the log write function
+	// refused a log-only write in it (SQLSTATE 55000: no slot reads it).
+	Refused   bool
+	DeliverAt time.Time // zero when not scheduled
 }
 
 // Delivery is one publish the broker took. Counter numbers publishes in
@@ -106,6 +114,7 @@ type Sim struct {
 	events map[int]*simEvent
 	order  []int // labels in write order
 	marks  []int // the delivery counter at each settle point
+	held   []int // at the last settle point, the events the relay must have recorded held
 }
 
 // NewSim returns a model of mode with nothing written.
@@ -187,6 +196,7 @@ func (s *Sim) before(a, b *simEvent) bool {
 // a relay.
 func (s *Sim) Settle(running bool) map[int]int {
 	owed := map[int]int{}
+	s.held = nil
 	st := map[*simEvent]point{}
 	for _, es := range s.keyed() {
 		blocked := false
@@ -202,6 +212,9 @@ func (s *Sim) Settle(running bool) map[int]int {
 			case e.stopper():
 				p.st = mustNot
 				blocked = s.mode.Ordered()
+				if running && e.spec.Fault != None {
+					s.held = append(s.held, e.spec.N)
+				}
 			case !running:
 				p.st = loose
 			default:
@@ -227,6 +240,14 @@ func (s *Sim) Settle(running bool) map[int]int {
 	s.marks = append(s.marks, -1)
 	return owed
 }
+
+// Held returns the events the relay, running, must have tried and recorded
+// held (a permanent failure not retried since, a bad row) by the last
+// settle point: the first such event of its aggregate in ordered modes,
+// every one in unordered mode. The driver waits for them as it waits for
+// the deliveries owed, so that an operator action meets them held, as an
+// operator who looked first would.
+func (s *Sim) Held() []int { return s.held }
 
 // Seal sets the delivery counter of the last settle point.
 func (s *Sim) Seal(mark int) {
@@ -254,6 +275,7 @@ func (s *Sim) Check(record []Delivery) []Violation {
 		}
 		byN[d.N] = append(byN[d.N], d)
 	}
+	out = append(out, s.checkRefusals()...)
 	keyed := s.keyed()
 	for _, n := range s.order {
 		e := s.events[n]
@@ -296,16 +318,60 @@ func (s *Sim) Check(record []Delivery) []Violation {
 	return out
 }
 
+// mustBeRefused says whether the event's write must fail: a log-only
+// event written while no slot existed.
+func (e *simEvent) mustBeRefused() bool { return e.w.BeforeSlot && !e.spec.Producer.Row() }
+
+// checkRefusals checks that exactly the transactions with a log-only
+// write before the slot existed failed, refused by the log write
+// function.
+func (s *Sim) checkRefusals() []Violation {
+	type txn struct {
+		events        []*simEvent
+		refused, must bool
+	}
+	var txs []*txn
+	byTx := map[int]*txn{}
+	for _, n := range s.order {
+		e := s.events[n]
+		t := byTx[e.w.Tx]
+		if t == nil {
+			t = &txn{}
+			byTx[e.w.Tx] = t
+			txs = append(txs, t)
+		}
+		t.events = append(t.events, e)
+		t.refused = t.refused || e.w.Refused
+		t.must = t.must || e.mustBeRefused()
+	}
+	var out []Violation
+	for _, t := range txs {
+		names := make([]string, len(t.events))
+		for i, e := range t.events {
+			names[i] = e.spec.String()
+		}
+		what := "tx {" + strings.Join(names, "; ") + "}"
+		switch {
+		case t.must && !t.refused:
+			out = append(out, Violation{PromiseRefusedBeforeSlot, what + " wrote a log-only event before the slot existed, and the write was not refused"})
+		case t.refused && !t.must:
+			out = append(out, Violation{PromiseRefusedBeforeSlot, what + " was refused, though it wrote no log-only event before the slot existed"})
+		}
+	}
+	return out
+}
+
 // blockedBy names the promise an event delivered while the model holds it
 // back breaks: when a log-only event written before the slot holds it
-// back, that event was lost, which is the promise broken.
+// back, that event was lost because its write was not refused, which is
+// the promise broken.
 func (s *Sim) blockedBy(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 	for _, o := range keyed[e.spec.Key] {
 		if o == e {
 			break
 		}
-		if o.w.BeforeSlot && !o.spec.Producer.Row() && o.points[k].st == mustNot {
-			return PromiseDeliveryBeforeSlot
+		if o.mustBeRefused() && o.points[k].st == mustNot {
+			return PromiseRefusedBeforeSlot
 		}
 	}
 	return PromiseBlocked
@@ -313,8 +379,8 @@ func (s *Sim) blockedBy(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 
 // missing names the promise an undelivered event breaks.
 func (s *Sim) missing(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
-	if e.w.BeforeSlot && !e.spec.Producer.Row() {
-		return PromiseDeliveryBeforeSlot
+	if e.mustBeRefused() {
+		return PromiseRefusedBeforeSlot // committed, when its write was to fail
 	}
 	// Checked before a replay's promise: a replayed event held back by a
 	// later one breaks this promise first.

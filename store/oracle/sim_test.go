@@ -15,6 +15,7 @@ type fake struct {
 	rec []Delivery
 	pos int
 	seq int64
+	tx  int
 	ids map[int]string
 }
 
@@ -22,9 +23,11 @@ func newFake(t *testing.T, mode Mode) *fake {
 	return &fake{t: t, s: NewSim(mode), ids: map[int]string{}}
 }
 
-// write commits (or rolls back) events in this order: commit positions
-// and seqs both follow it unless set by writeAt.
+// write commits (or rolls back) events in this order, in one
+// transaction: commit positions and seqs both follow it unless set by
+// writeAt.
 func (f *fake) write(committed bool, es ...EventSpec) {
+	f.tx++
 	for _, e := range es {
 		f.pos++
 		f.seq++
@@ -34,7 +37,7 @@ func (f *fake) write(committed bool, es ...EventSpec) {
 
 func (f *fake) writeAt(e EventSpec, committed bool, pos int, seq int64, deliverAt time.Time) {
 	f.ids[e.N] = "id-" + string(rune('A'+e.N))
-	w := Written{ID: f.ids[e.N], Committed: committed, CommitPos: -1, DeliverAt: deliverAt}
+	w := Written{ID: f.ids[e.N], Committed: committed, CommitPos: -1, DeliverAt: deliverAt, Tx: f.tx}
 	if committed {
 		w.CommitPos = pos
 		if e.Producer.Row() {
@@ -297,11 +300,43 @@ func TestSimReplayAndSlot(t *testing.T) {
 		f.settle(true)
 		f.want(PromiseReplay)
 	})
-	t.Run("a log-only event written before the slot", func(t *testing.T) {
+	t.Run("a log-only write before the slot is refused", func(t *testing.T) {
+		f := newFake(t, LogRows)
+		// The row of its transaction rolls back with it.
+		f.s.Wrote(e(1, 1, GoRows), Written{ID: "a", CommitPos: -1, Tx: 1, BeforeSlot: true, Refused: true})
+		f.s.Wrote(e(2, 1, SQLLogWrite), Written{ID: "b", CommitPos: -1, Tx: 1, BeforeSlot: true, Refused: true})
+		f.s.Wrote(e(3, 1, GoRows), Written{ID: "c", Committed: true, CommitPos: 1, Seq: 2, Tx: 2, BeforeSlot: true})
+		f.ids[3] = "c"
+		if got := f.settle(true, 3); !reflect.DeepEqual(got, []int{3}) {
+			t.Fatalf("owed %v, want [3]", got)
+		}
+		f.want()
+	})
+	t.Run("a refused transaction's row delivered", func(t *testing.T) {
+		f := newFake(t, LogRows)
+		f.ids[1] = "a"
+		f.s.Wrote(e(1, 1, GoRows), Written{ID: "a", CommitPos: -1, Tx: 1, BeforeSlot: true, Refused: true})
+		f.s.Wrote(e(2, 1, GoLog), Written{ID: "b", CommitPos: -1, Tx: 1, BeforeSlot: true, Refused: true})
+		f.settle(true, 1)
+		f.want(PromiseNoPhantom)
+	})
+	t.Run("a log-only write before the slot not refused", func(t *testing.T) {
 		f := newFake(t, LogOnly)
-		f.s.Wrote(e(1, 1, GoLog), Written{ID: "a", Committed: true, CommitPos: 1, BeforeSlot: true})
+		f.s.Wrote(e(1, 1, GoLog), Written{ID: "a", Committed: true, CommitPos: 1, Tx: 1, BeforeSlot: true})
+		f.settle(true) // lost: no slot read it
+		f.want(PromiseRefusedBeforeSlot)
+	})
+	t.Run("a write refused with the slot in place", func(t *testing.T) {
+		f := newFake(t, LogOnly)
+		f.s.Wrote(e(1, 1, GoLog), Written{ID: "a", CommitPos: -1, Tx: 1, Refused: true})
 		f.settle(true)
-		f.want(PromiseDeliveryBeforeSlot)
+		f.want(PromiseRefusedBeforeSlot)
+	})
+	t.Run("a transaction of rows refused before the slot", func(t *testing.T) {
+		f := newFake(t, LogRows)
+		f.s.Wrote(e(1, 1, GoRows), Written{ID: "a", CommitPos: -1, Tx: 1, BeforeSlot: true, Refused: true})
+		f.settle(true)
+		f.want(PromiseRefusedBeforeSlot)
 	})
 	t.Run("nothing owed while the relay is stopped", func(t *testing.T) {
 		f := newFake(t, TableOrdered)
@@ -366,9 +401,40 @@ func TestNormalizeDropsActionsOnEventsGone(t *testing.T) {
 
 func TestSimBlamesTheLostEvent(t *testing.T) {
 	f := newFake(t, LogOnly)
-	f.s.Wrote(EventSpec{N: 1, Key: 1, Producer: GoLog, Sched: Far}, Written{ID: "a", Committed: true, CommitPos: 1, BeforeSlot: true})
+	// #1 should have been refused; it committed, and no slot read it.
+	f.s.Wrote(EventSpec{N: 1, Key: 1, Producer: GoLog, Sched: Far}, Written{ID: "a", Committed: true, CommitPos: 1, Tx: 1, BeforeSlot: true})
 	f.ids[2] = "b"
-	f.s.Wrote(e(2, 1, GoLog), Written{ID: "b", Committed: true, CommitPos: 2})
+	f.s.Wrote(e(2, 1, GoLog), Written{ID: "b", Committed: true, CommitPos: 2, Tx: 2})
 	f.settle(true, 2) // #1 was lost, so #2 went out
-	f.want(PromiseDeliveryBeforeSlot)
+	f.want(PromiseRefusedBeforeSlot)
+}
+
+// Held names the events a running relay has tried and recorded held: in
+// ordered modes the first of its aggregate (the later ones are not tried),
+// in unordered mode each; none once retried, none with the relay stopped.
+func TestSimHeld(t *testing.T) {
+	perm := func(n, key int) EventSpec { return EventSpec{N: n, Key: key, Producer: GoRows, Fault: Permanent} }
+	bad := func(n, key int) EventSpec { return EventSpec{N: n, Key: key, Producer: SQLInsert, Fault: Bad} }
+	far := EventSpec{N: 5, Key: 3, Producer: GoRows, Sched: Far}
+	for _, c := range []struct {
+		mode Mode
+		want []int
+	}{{TableOrdered, []int{1, 4}}, {LogRows, []int{1, 4}}, {TableUnordered, []int{1, 2, 4, 6}}} {
+		f := newFake(t, c.mode)
+		f.write(true, perm(1, 1), bad(2, 1), e(3, 1, GoRows), bad(4, 2), far, perm(6, 3))
+		f.settle(false)
+		if got := f.s.Held(); len(got) != 0 {
+			t.Errorf("%s: held %v with the relay stopped, want none", c.mode, got)
+		}
+		f.settle(true)
+		got := slices.Sorted(slices.Values(f.s.Held()))
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: held %v, want %v", c.mode, got, c.want)
+		}
+		f.op(Retry, 1)
+		f.settle(true, 1)
+		if got := slices.Sorted(slices.Values(f.s.Held())); slices.Contains(got, 1) {
+			t.Errorf("%s: held %v after #1's retry", c.mode, got)
+		}
+	}
 }

@@ -275,7 +275,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("log relay: %w", err)
 	}
 	// The default slot name depends on the database; it is read once,
-	// before any session uses it.
+	// before any session uses it. The statements name the slot too (a
+	// hand-over checks that this session holds it, under its lock): built
+	// in New with the name still empty, they would refuse every hand-over.
 	if r.opts.Slot.Name == "" {
 		slot, err := r.opts.Slot.Resolve(ctx, r.pool, r.opts.Store)
 		if err != nil {
@@ -285,6 +287,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			return fmt.Errorf("log relay: %w", err)
 		}
 		r.opts.Slot = slot
+		r.sql = newStatements(r.opts.Store, r.opts.Slot)
 	}
 	failures, standing, created := 0, false, false
 	for ctx.Err() == nil {
