@@ -62,8 +62,8 @@ type knownDefect struct {
 	repro   oracle.History // a shrunk history that shows it
 }
 
-// knownDefects is the list the lead empties as fixes are merged. It is
-// empty: every promise is checked in every mode.
+// knownDefects lists defects not yet fixed; an entry goes when its fix
+// is merged. It is empty: every promise is checked in every mode.
 var knownDefects []knownDefect
 
 // regressions are hand-written histories that once broke a promise (the
