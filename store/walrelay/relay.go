@@ -152,6 +152,10 @@ func (o Options) WithDefaults() (Options, error) {
 	if o.ReceiveTimeout <= o.StatusInterval {
 		return o, fmt.Errorf("log relay options: ReceiveTimeout %s must exceed StatusInterval %s", o.ReceiveTimeout, o.StatusInterval)
 	}
+	if o.WALSenderTimeout > 0 && o.WALSenderTimeout <= o.StatusInterval {
+		// The server ends a session that sends no status for this long.
+		return o, fmt.Errorf("log relay options: WALSenderTimeout %s must exceed StatusInterval %s", o.WALSenderTimeout, o.StatusInterval)
+	}
 	if o.RetryBackoff == (core.Backoff{}) {
 		o.RetryBackoff = core.Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
 	}
@@ -526,6 +530,7 @@ type stream struct {
 	commitTime time.Time
 	received   pglogrepl.LSN
 	confirmed  pglogrepl.LSN // the position last sent as flushed
+	statusAt   time.Time     // when a status was last sent
 
 	lanes  []chan *item
 	marks  chan *item
@@ -575,10 +580,7 @@ func (s *stream) run(ctx context.Context) error {
 	wg.Go(func() { s.marker(work) })
 	wg.Go(func() { s.refreshDiverted(work) })
 
-	// A position that moved is confirmed within confirmEvery, not only at
-	// each status: what a kill makes the next relay re-send is what was
-	// done since the last confirmation.
-	confirmEvery := min(o.StatusInterval, 100*time.Millisecond)
+	confirmAfter := min(o.StatusInterval, confirmEvery)
 	lastRecv := time.Now()
 	nextStatus, nextConfirm := time.Now(), time.Now()
 	for {
@@ -605,14 +607,14 @@ func (s *stream) run(ctx context.Context) error {
 			if err := s.sendStatus(true); err != nil {
 				return err
 			}
-			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmEvery)
+			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmAfter)
 		case !now.Before(nextConfirm):
 			if pos, _ := s.tracker.position(); pos > s.confirmed {
 				if err := s.sendStatus(false); err != nil {
 					return err
 				}
 			}
-			nextConfirm = now.Add(confirmEvery)
+			nextConfirm = now.Add(confirmAfter)
 		}
 		wake := nextStatus
 		if nextConfirm.Before(wake) {
@@ -665,6 +667,11 @@ func (s *stream) run(ctx context.Context) error {
 	}
 }
 
+// confirmEvery is how soon a position that moved is confirmed, not only at
+// each status: what a kill makes the next relay re-send is what was done
+// since the last confirmation.
+const confirmEvery = 100 * time.Millisecond
+
 // full says whether the in-flight bounds are reached; one event is always
 // let in.
 func (s *stream) full() bool {
@@ -673,22 +680,60 @@ func (s *stream) full() bool {
 }
 
 // drain waits, bounded by ShutdownTimeout, for the in-flight events to be
-// done, confirming meanwhile, and confirms a last time.
+// done, confirming meanwhile, confirms a last time and ends the stream.
+// It reads nothing from the server, so its statuses keep to the clock,
+// however often events finish: the server ends a session that sends none
+// for wal_sender_timeout, and a confirmation sent after that is lost.
 func (s *stream) drain() error {
-	deadline := time.Now().Add(s.r.opts.ShutdownTimeout)
+	o := s.r.opts
+	deadline := time.Now().Add(o.ShutdownTimeout)
+	tick := time.NewTicker(min(o.StatusInterval, confirmEvery))
+	defer tick.Stop()
+	end := time.NewTimer(o.ShutdownTimeout)
+	defer end.Stop()
 	for s.events.Load() > 0 && time.Now().Before(deadline) {
-		t := time.NewTimer(min(s.r.opts.StatusInterval, time.Until(deadline)))
 		select {
 		case <-s.freed:
-		case <-t.C:
-			_ = s.sendStatus(false)
+		case <-end.C:
+		case <-tick.C:
+			if pos, _ := s.tracker.position(); pos > s.confirmed || time.Since(s.statusAt) >= o.StatusInterval {
+				_ = s.sendStatus(false)
+			}
 		}
-		t.Stop()
 	}
 	if n := s.events.Load(); n > 0 {
 		s.r.log.Warn("log relay stopped with events in flight; the next relay republishes them", "events", n)
 	}
-	return s.sendStatus(false)
+	if err := s.sendStatus(false); err != nil {
+		return err
+	}
+	return s.endCopy()
+}
+
+// endCopy ends the stream the way the protocol does (CopyDone, answered by
+// the server's CopyDone and the end of the command), bounded by
+// ReceiveTimeout. The server handles messages in order, so once it
+// answers, the last confirmation is recorded; a connection merely closed
+// can lose it, when the server is busy sending or already gave up on us.
+func (s *stream) endCopy() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.r.opts.ReceiveTimeout)
+	defer cancel()
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("end stream of slot %s: %w", s.r.opts.Slot.Name, err)
+	}
+	for {
+		msg, err := s.conn.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("end stream of slot %s: the server did not acknowledge position %s: %w", s.r.opts.Slot.Name, s.confirmed, err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("end stream of slot %s: %w", s.r.opts.Slot.Name, pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.ReadyForQuery:
+			return nil
+		}
+	}
 }
 
 func (s *stream) sendStatus(reply bool) error {
@@ -703,7 +748,8 @@ func (s *stream) sendStatus(reply bool) error {
 	if err != nil {
 		return fmt.Errorf("confirm position %s: %w", pos, err)
 	}
-	s.r.progress.Store(time.Now().UnixNano())
+	s.statusAt = time.Now()
+	s.r.progress.Store(s.statusAt.UnixNano())
 	return nil
 }
 
@@ -799,10 +845,12 @@ func (s *stream) dispatch(_ context.Context, it *item) {
 
 // finish records it as done: its transaction may now be confirmed.
 func (s *stream) finish(it *item) {
+	// Done in the tracker before the count drops: a drain that sees
+	// nothing in flight then confirms every transaction it read.
+	s.tracker.done(it.txn)
 	s.events.Add(-1)
 	s.bytes.Add(-it.size)
 	s.r.inFlight.Add(-1)
-	s.tracker.done(it.txn)
 	select {
 	case s.freed <- struct{}{}:
 	default:

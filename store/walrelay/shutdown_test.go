@@ -47,10 +47,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func TestStopWhileReceivingDrainsAndConfirms(t *testing.T) {
 	e := newEnv(t)
 	e.createSlot()
-	pub := &slowPublisher{d: 200 * time.Millisecond}
+	pub := &slowPublisher{d: 500 * time.Millisecond}
 	o := e.opts()
 	o.StatusInterval = time.Second
 	o.ReceiveTimeout = 3 * time.Second
+	// Each aggregate takes 2.5 s to publish, past the server's 2 s
+	// wal_sender_timeout, with an event done every 0.5 s: a drain that
+	// let events finishing put off its statuses lost its session (and its
+	// last confirmation) to the timeout.
+	o.WALSenderTimeout = 2 * time.Second
 	// The shipped bound, not the harness's 5 s: the drain ends as soon as
 	// the events are published and their rows marked, but under make test
 	// the shared server can take seconds for a mark, and a drain cut short
@@ -58,7 +63,7 @@ func TestStopWhileReceivingDrainsAndConfirms(t *testing.T) {
 	o.ShutdownTimeout = 30 * time.Second
 	first := e.start(pub, o)
 	waitFor(t, 10*time.Second, "the relay to hold the slot", first.r.Holding)
-	e.write(true, uuid.NewString(), 0, 5) // one aggregate: 1s of publishing
+	e.write(true, uuid.NewString(), 0, 5)
 	e.write(false, uuid.NewString(), 0, 5)
 	waitFor(t, 10*time.Second, "a first publish", func() bool { return len(pub.events()) > 0 })
 	first.stop(t)

@@ -1,0 +1,4 @@
+package walrelay
+
+// LaneOf is laneOf, for tests that place aggregates on lanes.
+var LaneOf = laneOf

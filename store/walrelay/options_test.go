@@ -1,0 +1,41 @@
+package walrelay_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store/walrelay"
+)
+
+// Options out of range are refused with the field named, before a relay
+// can run with them.
+func TestOptionsNameTheFieldOutOfRange(t *testing.T) {
+	cases := []struct {
+		field string
+		set   func(o *walrelay.Options)
+	}{
+		{"Lanes", func(o *walrelay.Options) { o.Lanes = core.MaxLanes + 1 }},
+		{"MarkBatch", func(o *walrelay.Options) { o.MarkBatch = -1 }},
+		{"HandOffAfter", func(o *walrelay.Options) { o.HandOffAfter = -2 }},
+		{"RetryBackoff", func(o *walrelay.Options) { o.RetryBackoff = core.Backoff{Min: time.Second, Max: time.Millisecond} }},
+		{"ReceiveTimeout", func(o *walrelay.Options) { o.StatusInterval, o.ReceiveTimeout = 5*time.Second, 5*time.Second }},
+		// A status slower than the server's timeout would lose the session
+		// whenever the relay reads nothing (back-pressure, a drain).
+		{"WALSenderTimeout", func(o *walrelay.Options) { o.StatusInterval, o.WALSenderTimeout = 3*time.Second, 2*time.Second }},
+	}
+	for _, c := range cases {
+		t.Run(c.field, func(t *testing.T) {
+			var o walrelay.Options
+			c.set(&o)
+			_, err := o.WithDefaults()
+			if err == nil || !strings.Contains(err.Error(), c.field) {
+				t.Fatalf("error %v, want one naming %s", err, c.field)
+			}
+		})
+	}
+	if _, err := (walrelay.Options{WALSenderTimeout: -1, StatusInterval: time.Minute, ReceiveTimeout: 2 * time.Minute}).WithDefaults(); err != nil {
+		t.Fatalf("the server's own wal_sender_timeout with a slow status: %v", err)
+	}
+}
