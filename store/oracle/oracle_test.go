@@ -24,6 +24,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 //	                         OUTBOX_ORACLE_HISTORIES=1 it replays one history
 //	OUTBOX_ORACLE_STEPS      steps per history (default 8)
 //	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default all)
+//	OUTBOX_ORACLE_WORKERS    histories run at once (default 6; a history mostly
+//	                         waits, so a long run on a big machine can use more)
 //	OUTBOX_ORACLE_PG_RESTARTS=1  PostgreSQL restarts among the steps (one history
 //	                         at a time, on a server started by scripts/services.sh)
 //	OUTBOX_ORACLE_KNOWN=fail report the known defects as failures, and shrink them
@@ -33,9 +35,9 @@ const (
 	defaultSteps     = 8
 	// shrinkRuns bounds the reruns spent shrinking one failing history.
 	shrinkRuns = 40
-	// concurrency is how many histories run at once, each on its own
+	// defaultWorkers is how many histories run at once, each on its own
 	// outbox (schema, slots).
-	concurrency = 6
+	defaultWorkers = 6
 )
 
 func envInt(t *testing.T, name string, def int) int {
@@ -173,7 +175,7 @@ func TestOracle(t *testing.T) {
 	histories := envInt(t, "OUTBOX_ORACLE_HISTORIES", defaultHistories)
 	steps := envInt(t, "OUTBOX_ORACLE_STEPS", defaultSteps)
 	shape := oracle.Shape{Steps: steps, RestartPostgres: os.Getenv("OUTBOX_ORACLE_PG_RESTARTS") == "1"}
-	workers := concurrency
+	workers := envInt(t, "OUTBOX_ORACLE_WORKERS", defaultWorkers)
 	if shape.RestartPostgres {
 		if os.Getenv(envPGData) == "" {
 			t.Fatalf("OUTBOX_ORACLE_PG_RESTARTS=1 needs a server of the run's own: run it under scripts/services.sh")
