@@ -12,11 +12,11 @@ import (
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
-// Creating the slot and handing over the rows committed before it are one
-// step as far as a crash can tell: a crash after the hand-over leaves no
+// Creating the slot and handing off the rows committed before it are one
+// step as far as a crash can tell: a crash after the hand-off leaves no
 // slot (the slot is made last, from a temporary one), so the next attempt
-// creates it and hands over what is still pending. The slot used to be
-// made first: a crash before the hand-over left it in place, and the next
+// creates it and hands off what is still pending. The slot used to be
+// made first: a crash before the hand-off left it in place, and the next
 // attempt, finding it, handed nothing over: the rows were stranded.
 func TestCreateSlotCrashBeforeTheSlotStrandsNothing(t *testing.T) {
 	pgtest.Logical(t)
@@ -38,15 +38,15 @@ func TestCreateSlotCrashBeforeTheSlotStrandsNothing(t *testing.T) {
 		}
 	}
 	crash := errors.New("killed")
-	testHookHandedOver = func() error {
-		// A row committed after the hand-over, still before the slot.
+	testHookHandedOff = func() error {
+		// A row committed after the hand-off, still before the slot.
 		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload) VALUES (gen_random_uuid(), $1, 'order.placed', '{}')`, uuid.NewString()); err != nil {
 			t.Fatal(err)
 		}
 		return crash
 	}
 	_, err = CreateSlot(ctx, pool, cfg, slot)
-	testHookHandedOver = nil
+	testHookHandedOff = nil
 	if !errors.Is(err, crash) {
 		t.Fatalf("CreateSlot = %v, want the crash", err)
 	}
@@ -55,14 +55,14 @@ func TestCreateSlotCrashBeforeTheSlotStrandsNothing(t *testing.T) {
 	}
 	c, err := CreateSlot(ctx, pool, cfg, slot)
 	if err != nil || !c.Slot || c.HandedOff != 1 {
-		t.Fatalf("CreateSlot after the crash = %+v, %v; want the slot made and the one row left handed over", c, err)
+		t.Fatalf("CreateSlot after the crash = %+v, %v; want the slot made and the one row left handed off", c, err)
 	}
 	var pending int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE handoff_at IS NULL`).Scan(&pending); err != nil {
 		t.Fatal(err)
 	}
 	if pending != 0 {
-		t.Fatalf("%d rows neither handed over nor in the slot's stream", pending)
+		t.Fatalf("%d rows neither handed off nor in the slot's stream", pending)
 	}
 	// The temporary slots go when their walsenders exit, a moment after
 	// their connections close.

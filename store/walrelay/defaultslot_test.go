@@ -12,14 +12,14 @@ import (
 
 // A relay given no slot name (the default, as the package example runs
 // it) reads the slot the name resolves to, and hands events to the table
-// under that name too: the hand-over checks that this session holds the
+// under that name too: the hand-off checks that this session holds the
 // slot, and a check against the unresolved, empty name refused every
-// hand-over, so a scheduled or failing event stalled its lane for good.
+// hand-off, so a scheduled or failing event stalled its lane for good.
 // Here a scheduled row and a scheduled log-only message, each due in a
 // second, reach the table and are published from there after their
 // deliver_at; 20 s bounds a second's wait and the table path's 50 ms
 // polls on a loaded machine.
-func TestDefaultSlotNameHandsOver(t *testing.T) {
+func TestDefaultSlotNameHandsOff(t *testing.T) {
 	for _, fl := range flavours {
 		t.Run(fl.name, func(t *testing.T) {
 			e := newEnv(t)

@@ -501,7 +501,7 @@ func TestSlotLifecycle(t *testing.T) {
 	e.write(true, agg, 0, 5)
 	c := e.createSlot()
 	if !c.Slot || !c.Publication || c.HandedOff != 5 {
-		t.Fatalf("CreateSlot = %+v, want both created and 5 rows handed over", c)
+		t.Fatalf("CreateSlot = %+v, want both created and 5 rows handed off", c)
 	}
 	if again := e.createSlot(); again.Slot || again.Publication || again.HandedOff != 0 {
 		t.Errorf("second CreateSlot = %+v, want nothing done", again)
@@ -567,7 +567,7 @@ func (*pingingRecorder) Ping(context.Context) error { return nil }
 // behind the failing event in its lane is published only after it, so it
 // cannot show that the broker takes events (and then the failure looks
 // like an outage, which holds everything in place). With a ping the other
-// aggregate shares the lane, and the hand-over frees it.
+// aggregate shares the lane, and the hand-off frees it.
 func TestFailingEventMovesToTheTable(t *testing.T) {
 	for _, flavour := range []struct {
 		name     string
@@ -621,7 +621,7 @@ func TestFailingEventMovesToTheTable(t *testing.T) {
 			// then), whatever order the lanes run in.
 			waitFor(t, 20*time.Second, "A's third event to fail", func() bool { return failures.Load() > 0 })
 			e.write(flavour.table, b, 2, 4)
-			// Bound: three failed publishes and one hand-over take well
+			// Bound: three failed publishes and one hand-off take well
 			// under a second alone; 60 s covers the PostgreSQL that every
 			// package of `make test` shares while others fill and migrate
 			// tables of 300,000 rows (20 s was seen to run out there).
@@ -668,7 +668,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A row parked before the outbox moved to log mode is not in the
-	// slot's stream, nor handed over when the slot is created.
+	// slot's stream, nor handed off when the slot is created.
 	seqOf := func(id string) store.Selector {
 		t.Helper()
 		var seq int64

@@ -15,11 +15,11 @@ import (
 // Once an aggregate is handed to the table (here behind a scheduled
 // event), its later events reach the table path in commit order, whatever
 // order their seqs were taken in: a log-only message and a row of one
-// transaction (the message's row is inserted at hand-over, after the
+// transaction (the message's row is inserted at hand-off, after the
 // row's seq was taken), and two row transactions that commit in the
-// opposite order of their inserts. Without the fresh seq at hand-over the
+// opposite order of their inserts. Without the fresh seq at hand-off the
 // table path delivered 1, 3, 2 in both cases.
-func TestHandedOverEventsKeepCommitOrder(t *testing.T) {
+func TestHandedOffEventsKeepCommitOrder(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		write func(e *env, agg string) // commits n=2 and n=3, in commit order

@@ -14,12 +14,12 @@ import (
 )
 
 // A relay that lost the slot to another (cut off from the server while
-// still running) hands nothing over: its hand-over would come after the
-// new holder listed the handed-over aggregates, and the new holder would
+// still running) hands nothing off: its hand-off would come after the
+// new holder listed the handed-off aggregates, and the new holder would
 // publish the aggregate's later events from the log ahead of it. Here the
 // first walsender's pid is refused once a second connection holds the
 // slot, rows and log-only events alike, and nothing reaches the table;
-// the holder's hand-over goes through.
+// the holder's hand-off goes through.
 func TestHandOffOnlyByTheSlotsHolder(t *testing.T) {
 	pgtest.Logical(t)
 	pool, cfg := pgtest.Schema(t)
@@ -62,7 +62,7 @@ VALUES (gen_random_uuid(), $1, 'order.placed', '{}') RETURNING seq, event_id::te
 	}
 	for _, it := range []*item{row, msg} {
 		if err := q.handoff(ctx, pool, log, oldPID, it, nil); !errors.Is(err, errNotHolder) {
-			t.Errorf("hand-over by the old holder (row %v) = %v, want errNotHolder", it.row, err)
+			t.Errorf("hand-off by the old holder (row %v) = %v, want errNotHolder", it.row, err)
 		}
 	}
 	var handed int
@@ -70,17 +70,17 @@ VALUES (gen_random_uuid(), $1, 'order.placed', '{}') RETURNING seq, event_id::te
 		t.Fatal(err)
 	}
 	if handed != 0 {
-		t.Fatalf("%d rows handed over by a relay that lost the slot", handed)
+		t.Fatalf("%d rows handed off by a relay that lost the slot", handed)
 	}
 	for _, it := range []*item{row, msg} {
 		if err := q.handoff(ctx, pool, log, newPID, it, nil); err != nil {
-			t.Errorf("hand-over by the holder (row %v) = %v", it.row, err)
+			t.Errorf("hand-off by the holder (row %v) = %v", it.row, err)
 		}
 	}
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE handoff_at IS NOT NULL").Scan(&handed); err != nil {
 		t.Fatal(err)
 	}
 	if handed != 2 {
-		t.Fatalf("%d rows handed over by the holder, want 2", handed)
+		t.Fatalf("%d rows handed off by the holder, want 2", handed)
 	}
 }

@@ -42,7 +42,7 @@ func (e *env) writeMsgs(table bool, msgs ...outbox.Message) {
 }
 
 // startTablePath runs the table path of log mode: a core.Relay over the
-// handoff view, woken by the log relay's hand-overs through o.HandedOff.
+// handoff view, woken by the log relay's hand-offs through o.HandedOff.
 func (e *env) startTablePath(pub core.Publisher, o *walrelay.Options) {
 	e.t.Helper()
 	hc, err := walrelay.HandoffConfig(e.cfg)

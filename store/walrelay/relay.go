@@ -176,7 +176,7 @@ func (o Options) WithDefaults() (Options, error) {
 
 // HandoffConfig is the store configuration of the table path of log
 // mode: a store.Store (and a core.Relay over it) built with it claims
-// only the rows the log relay handed over, through the handoff view of
+// only the rows the log relay handed off, through the handoff view of
 // migration 8, and never the rows the log relay publishes itself.
 func HandoffConfig(cfg store.Config) (store.Config, error) {
 	cfg, err := cfg.WithDefaults()
@@ -280,8 +280,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	// The default slot name depends on the database; it is read once,
 	// before any session uses it. The statements name the slot too (a
-	// hand-over checks that this session holds it, under its lock): built
-	// in New with the name still empty, they would refuse every hand-over.
+	// hand-off checks that this session holds it, under its lock): built
+	// in New with the name still empty, they would refuse every hand-off.
 	if r.opts.Slot.Name == "" {
 		slot, err := r.opts.Slot.Resolve(ctx, r.pool, r.opts.Store)
 		if err != nil {
@@ -412,8 +412,8 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
 	}
 	// Listed only once the slot is this session's (see asHolder): a
-	// relay that held it before can have handed over events until then.
-	if s.diverted, err = r.loadDiverted(sctx); err != nil {
+	// relay that held it before can have handed off events until then.
+	if s.handedOff, err = r.loadHandedOff(sctx); err != nil {
 		return false, err
 	}
 	cancel()
@@ -423,7 +423,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
-	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_over_aggregates", len(s.diverted))
+	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_off_aggregates", len(s.handedOff))
 	return true, s.run(ctx)
 }
 
@@ -479,17 +479,17 @@ WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)
 	return nil
 }
 
-// loadDiverted lists the aggregates with pending handed-off rows, whose
+// loadHandedOff lists the aggregates with pending handed-off rows, whose
 // later events must follow them through the table. It waits for a
-// CreateSlot that is still handing rows over, and for the hand-overs in
+// CreateSlot that is still handing rows off, and for the hand-offs in
 // progress of the relay that held the slot before (see asHolder).
-func (r *Relay) loadDiverted(ctx context.Context) (map[string]bool, error) {
+func (r *Relay) loadHandedOff(ctx context.Context) (map[string]bool, error) {
 	out := map[string]bool{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, r.sql.diverted)
+		rows, err := tx.Query(ctx, r.sql.handedOff)
 		if err != nil {
 			return err
 		}
@@ -540,8 +540,8 @@ type stream struct {
 	// published is when a publish last succeeded (unix nanos).
 	published atomic.Int64
 
-	mu       sync.Mutex
-	diverted map[string]bool // aggregates whose events go to the table
+	mu        sync.Mutex
+	handedOff map[string]bool // aggregates whose events go to the table
 }
 
 // item is one event read from the slot.
@@ -578,7 +578,7 @@ func (s *stream) run(ctx context.Context) error {
 		wg.Go(func() { s.lane(work, s.lanes[i]) })
 	}
 	wg.Go(func() { s.marker(work) })
-	wg.Go(func() { s.refreshDiverted(work) })
+	wg.Go(func() { s.refreshHandedOff(work) })
 
 	confirmAfter := min(o.StatusInterval, confirmEvery)
 	lastRecv := time.Now()
@@ -879,12 +879,12 @@ func (s *stream) process(ctx context.Context, it *item) bool {
 	if it.bad != nil {
 		return s.hold(ctx, it, core.Permanent(fmt.Errorf("cannot relay event: %w", it.bad)), true)
 	}
-	div, ok := retry(ctx, s, "look up handed-over aggregate", func() (bool, error) { return s.isDiverted(ctx, it.ev.AggregateID) })
+	off, ok := retry(ctx, s, "look up handed-off aggregate", func() (bool, error) { return s.isHandedOff(ctx, it.ev.AggregateID) })
 	if !ok {
 		return false
 	}
-	if div || it.wait || it.deliverAt.After(time.Now()) {
-		// Behind a handed-over event of its aggregate, waiting, or
+	if off || it.wait || it.deliverAt.After(time.Now()) {
+		// Behind a handed-off event of its aggregate, waiting, or
 		// scheduled: the table path publishes it when due, and the
 		// aggregate's later events follow it there.
 		return s.hold(ctx, it, nil, false)
@@ -968,7 +968,7 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 		return false
 	}
 	s.mu.Lock()
-	s.diverted[it.ev.AggregateID] = true
+	s.handedOff[it.ev.AggregateID] = true
 	s.mu.Unlock()
 	if reason != nil && !retrying {
 		s.r.obs.Completed(0, 1, 0)
@@ -979,11 +979,11 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 	return true
 }
 
-// isDiverted says whether agg's events go to the table: it has pending
+// isHandedOff says whether agg's events go to the table: it has pending
 // handed-off rows. Only aggregates known to have had some are looked up.
-func (s *stream) isDiverted(ctx context.Context, agg string) (bool, error) {
+func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	s.mu.Lock()
-	known := s.diverted[agg]
+	known := s.handedOff[agg]
 	s.mu.Unlock()
 	if !known {
 		return false, nil
@@ -994,24 +994,24 @@ func (s *stream) isDiverted(ctx context.Context, agg string) (bool, error) {
 	}
 	if !pending {
 		s.mu.Lock()
-		delete(s.diverted, agg)
+		delete(s.handedOff, agg)
 		s.mu.Unlock()
 	}
 	return pending, nil
 }
 
-// divertedRefresh is how often the relay reloads the aggregates with
+// handedOffRefresh is how often the relay reloads the aggregates with
 // pending handed-off rows. An operator's replay, retry or unpark hands
 // rows over without the relay knowing; until the reload, a new event of
 // that aggregate read from the log can go out before them. The query
 // reads the small handoff index.
-const divertedRefresh = time.Second
+const handedOffRefresh = time.Second
 
-// refreshDiverted adds, every divertedRefresh, aggregates that gained
+// refreshHandedOff adds, every handedOffRefresh, aggregates that gained
 // pending handed-off rows outside this relay (an operator's replay, retry
 // or unpark).
-func (s *stream) refreshDiverted(ctx context.Context) {
-	t := time.NewTicker(divertedRefresh)
+func (s *stream) refreshHandedOff(ctx context.Context) {
+	t := time.NewTicker(handedOffRefresh)
 	defer t.Stop()
 	for {
 		select {
@@ -1019,7 +1019,7 @@ func (s *stream) refreshDiverted(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rows, err := s.r.pool.Query(ctx, s.r.sql.diverted)
+		rows, err := s.r.pool.Query(ctx, s.r.sql.handedOff)
 		if err != nil {
 			continue
 		}
@@ -1029,7 +1029,7 @@ func (s *stream) refreshDiverted(ctx context.Context) {
 		}
 		s.mu.Lock()
 		for _, a := range aggs {
-			s.diverted[a] = true
+			s.handedOff[a] = true
 		}
 		s.mu.Unlock()
 	}

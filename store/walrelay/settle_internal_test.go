@@ -19,7 +19,7 @@ import (
 // A row the stream delivered whose transaction is not visible yet (with
 // synchronous replication a commit stays invisible until a standby
 // confirms it, for as long as that takes) is never counted done: the mark
-// and the hand-over wait for it, past the 5s after which they used to give
+// and the hand-off wait for it, past the 5s after which they used to give
 // up and let the slot's position pass an event nobody recorded. A row
 // whose transaction is visible and that is gone (deleted since) counts as
 // gone at once. The uncommitted transaction stands in for the invisible
@@ -75,7 +75,7 @@ VALUES (gen_random_uuid(), $1, 'order.placed', '{}') RETURNING seq, event_id::te
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for name, ch := range map[string]chan result{"mark": marked, "hand-over": handed} {
+	for name, ch := range map[string]chan result{"mark": marked, "hand-off": handed} {
 		select {
 		case r := <-ch:
 			if r.err != nil || r.gone != 0 || r.at.Before(committed) {
@@ -85,12 +85,12 @@ VALUES (gen_random_uuid(), $1, 'order.placed', '{}') RETURNING seq, event_id::te
 			t.Fatalf("%s did not finish 10s after the commit", name)
 		}
 	}
-	var dispatched, handedOver int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL), count(*) FILTER (WHERE handoff_at IS NOT NULL) FROM `+table).Scan(&dispatched, &handedOver); err != nil {
+	var dispatched, handedOff int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL), count(*) FILTER (WHERE handoff_at IS NOT NULL) FROM `+table).Scan(&dispatched, &handedOff); err != nil {
 		t.Fatal(err)
 	}
-	if dispatched != 1 || handedOver != 1 {
-		t.Errorf("%d rows dispatched, %d handed over; want 1 and 1", dispatched, handedOver)
+	if dispatched != 1 || handedOff != 1 {
+		t.Errorf("%d rows dispatched, %d handed off; want 1 and 1", dispatched, handedOff)
 	}
 
 	// Visible, then deleted: gone, without waiting.

@@ -299,14 +299,14 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
-	// The rows handed over below would be published by table-mode
+	// The rows handed off below would be published by table-mode
 	// relays too.
 	if err := otherModeFree(ctx, repl, cfg, "table"); err != nil {
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	// The slot is made in two steps so that a crash anywhere loses
 	// nothing: a temporary slot (it goes with this connection) exports the
-	// snapshot, the rows it sees pending are handed over, and only then is
+	// snapshot, the rows it sees pending are handed off, and only then is
 	// it copied to the permanent slot, from the same position. A crash
 	// before the copy leaves no slot, so the next attempt starts over; a
 	// permanent slot made first would strand those rows if the process
@@ -333,11 +333,11 @@ WHERE dispatched_at IS NULL AND handoff_at IS NULL`).Scan(&seqs)
 WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`, seqs)
 		c.HandedOff = tag.RowsAffected()
 	}
-	if err == nil && testHookHandedOver != nil {
-		err = testHookHandedOver()
+	if err == nil && testHookHandedOff != nil {
+		err = testHookHandedOff()
 	}
 	if err != nil {
-		return Created{Publication: c.Publication}, fmt.Errorf("create slot %s: hand over rows committed before it: %w", s.Name, err)
+		return Created{Publication: c.Publication}, fmt.Errorf("create slot %s: hand off rows committed before it: %w", s.Name, err)
 	}
 	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
 	var pgErr *pgconn.PgError
@@ -351,9 +351,9 @@ WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`, seqs)
 	return c, nil
 }
 
-// testHookHandedOver, when set (by tests), runs after the hand-over and
+// testHookHandedOff, when set (by tests), runs after the hand-off and
 // before the permanent slot is made: an error stands for a crash there.
-var testHookHandedOver func() error
+var testHookHandedOff func() error
 
 func createPublication(ctx context.Context, pool *pgxpool.Pool, s Slot, table string) (bool, error) {
 	var exists bool

@@ -17,16 +17,16 @@ import (
 
 // statements are the relay's writes to the outbox table.
 type statements struct {
-	slot, lockKey string // the slot's name and advisory lock (see asHolder)
-	markDone      string // published rows, dispatched
-	dispatched    string // which of some rows this session sees dispatched
-	handedOver    string // whether a row (by event id) was handed over or dispatched
-	visible       string // which of some transactions this session sees
-	diverted      string // aggregates with pending handed-off rows
-	pendingAgg    string // whether one aggregate has some
-	handRow       string // a row of the table to the table path: pending, or held with a reason
-	insertMsg     string // a log-only event into the table: pending, or held
-	insertBad     string // a message that cannot be read as an event, held
+	slot, lockKey   string // the slot's name and advisory lock (see asHolder)
+	markDone        string // published rows, dispatched
+	dispatched      string // which of some rows this session sees dispatched
+	handedOffOrDone string // whether a row (by event id) was handed off or dispatched
+	visible         string // which of some transactions this session sees
+	handedOff       string // aggregates with pending handed-off rows
+	pendingAgg      string // whether one aggregate has some
+	handRow         string // a row of the table to the table path: pending, or held with a reason
+	insertMsg       string // a log-only event into the table: pending, or held
+	insertBad       string // a message that cannot be read as an event, held
 }
 
 func newStatements(cfg store.Config, slot Slot) statements {
@@ -34,26 +34,26 @@ func newStatements(cfg store.Config, slot Slot) statements {
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return statements{
 		slot: slot.Name, lockKey: lockKey(slot),
-		markDone:   `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
-		dispatched: `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
-		handedOver: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
+		markDone:        `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
+		dispatched:      `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
+		handedOffOrDone: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
 		// The 32-bit xids the stream gives, widened to the xid8 nearest
 		// the snapshot's xmax.
 		visible: `SELECT x FROM unnest($1::bigint[]) AS x, pg_current_snapshot() AS s,
     LATERAL (SELECT pg_snapshot_xmax(s)::text::bigint AS xmax) m
 WHERE pg_visible_in_snapshot((m.xmax + (x - m.xmax % 4294967296 + 6442450944) % 4294967296 - 2147483648)::text::xid8, s)`,
-		diverted:   `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
+		handedOff:  `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		pendingAgg: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
 		// Held rows get the table relay's marks of a permanent failure;
 		// a pending row keeps its retry_at, or waits for its deliver_at
 		// (a row written without migration 7's trigger).
 		// A row with a reason and a retry time ($3) failed transiently:
 		// it is retried then ($4 attempts), not held.
-		// A row handed over for the first time takes a fresh seq: the
+		// A row handed off for the first time takes a fresh seq: the
 		// table path publishes an aggregate's rows in seq order, and
-		// seqs are taken at insert, not at commit, so only hand-over order
+		// seqs are taken at insert, not at commit, so only hand-off order
 		// (the stream's, which is commit order) keeps an aggregate's
-		// handed-over events in commit order, rows and messages alike.
+		// handed-off events in commit order, rows and messages alike.
 		handRow: `UPDATE ` + t + ` SET handoff_at = now(),
     seq = CASE WHEN handoff_at IS NULL THEN nextval(pg_get_serial_sequence(` + literal(t) + `, 'seq')) ELSE seq END,
     attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE $4::int END,
@@ -193,14 +193,14 @@ func without(all, some []int64) []int64 {
 	return out
 }
 
-// errNotHolder is a hand-over refused because this session's walsender no
+// errNotHolder is a hand-off refused because this session's walsender no
 // longer holds the slot.
 var errNotHolder = errors.New("this relay no longer holds the slot (another relay took it over): it hands nothing to the table")
 
 // asHolder runs f in a transaction that holds the slot's lock, shared,
 // and only while the walsender pid holds the slot. A relay that took the
-// slot over lists the handed-over aggregates under that lock held
-// exclusively, after its START_REPLICATION: so every hand-over of the
+// slot over lists the handed-off aggregates under that lock held
+// exclusively, after its START_REPLICATION: so every hand-off of the
 // relay before it either committed before that list was read, or finds
 // the slot held by another walsender and is refused. A relay cut off from
 // the server, still running, cannot hand an event over behind the new
@@ -260,9 +260,9 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 				if !errors.Is(err, pgx.ErrNoRows) {
 					return err
 				}
-				// seen: handed over (under a new seq) or dispatched
+				// seen: handed off (under a new seq) or dispatched
 				// already, a replay.
-				return tx.QueryRow(ctx, q.handedOver, it.ev.ID).Scan(&seen)
+				return tx.QueryRow(ctx, q.handedOffOrDone, it.ev.ID).Scan(&seen)
 			})
 			switch {
 			case err != nil:
