@@ -39,3 +39,30 @@ func TestOptionsNameTheFieldOutOfRange(t *testing.T) {
 		t.Fatalf("the server's own wal_sender_timeout with a slow status: %v", err)
 	}
 }
+
+// What both relays have (lanes, timeouts, backoffs) defaults to the table
+// relay's value, stated once in core, so the two modes of one binary agree.
+func TestOptionsShareTheTableRelaysDefaults(t *testing.T) {
+	lr, err := walrelay.Options{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := core.Options{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		log, tabl any
+	}{
+		{"Lanes", lr.Lanes, tr.Lanes},
+		{"PublishTimeout", lr.PublishTimeout, tr.PublishTimeout},
+		{"ShutdownTimeout", lr.ShutdownTimeout, tr.ShutdownTimeout},
+		{"RetryBackoff", lr.RetryBackoff, tr.RetryBackoff},
+		{"ErrorBackoff", lr.ErrorBackoff, tr.ErrorBackoff},
+	} {
+		if c.log != c.tabl {
+			t.Errorf("%s: log relay %v, table relay %v", c.name, c.log, c.tabl)
+		}
+	}
+}

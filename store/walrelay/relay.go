@@ -40,10 +40,11 @@ type Options struct {
 	// MarkBatch is how many published rows one statement marks
 	// dispatched; default 500.
 	MarkBatch      int
-	PublishTimeout time.Duration // bound on one publish; default 30s
+	// PublishTimeout bounds one publish; default core.Options'.
+	PublishTimeout time.Duration
 	// RetryBackoff paces the retries of an event whose publish failed
 	// transiently: it is retried in place, holding its aggregate (and the
-	// slot's position) back; default 500ms doubling to 1m.
+	// slot's position) back; default core.Options' (500ms doubling to 1m).
 	RetryBackoff core.Backoff
 	// HandOffAfter is how many transient failures of one event, while
 	// other events were published meanwhile or the broker answers its
@@ -52,8 +53,8 @@ type Options struct {
 	// the slot's position moves past it. A broker that takes nothing is an
 	// outage, which pauses reading instead. Default 8; -1 never.
 	HandOffAfter int
-	// ErrorBackoff paces reconnects and database retries; default 100ms
-	// doubling to 10s.
+	// ErrorBackoff paces reconnects and database retries; default
+	// core.Options' (100ms doubling to 30s).
 	ErrorBackoff core.Backoff
 	// StandbyInterval is how often a relay that waits for the slot tries
 	// to take it over; default 1s.
@@ -75,7 +76,7 @@ type Options struct {
 	// (PostgreSQL's default is 60s).
 	WALSenderTimeout time.Duration
 	// ShutdownTimeout bounds how long Run lets in-flight events finish
-	// after its context is cancelled; default 30s.
+	// after its context is cancelled; default core.Options'.
 	ShutdownTimeout time.Duration
 	// ApplicationName is the replication connection's application_name;
 	// default "outbox-log-relay".
@@ -133,7 +134,7 @@ func (o Options) WithDefaults() (Options, error) {
 			*v = d
 		}
 	}
-	// The table path's default, so both modes of one binary agree.
+	// The table path's defaults, so both modes of one binary agree.
 	table, err := core.Options{}.WithDefaults()
 	if err != nil {
 		return o, fmt.Errorf("log relay options: %w", err)
@@ -143,12 +144,12 @@ func (o Options) WithDefaults() (Options, error) {
 	def(&o.MaxInFlightBytes, 64<<20)
 	def(&o.MarkBatch, 500)
 	def(&o.HandOffAfter, 8)
-	defDur(&o.PublishTimeout, 30*time.Second)
+	defDur(&o.PublishTimeout, table.PublishTimeout)
 	defDur(&o.StandbyInterval, time.Second)
 	defDur(&o.StatusInterval, time.Second)
 	defDur(&o.ReceiveTimeout, 15*time.Second)
 	defDur(&o.WALSenderTimeout, 10*time.Second)
-	defDur(&o.ShutdownTimeout, 30*time.Second)
+	defDur(&o.ShutdownTimeout, table.ShutdownTimeout)
 	if o.ReceiveTimeout <= o.StatusInterval {
 		return o, fmt.Errorf("log relay options: ReceiveTimeout %s must exceed StatusInterval %s", o.ReceiveTimeout, o.StatusInterval)
 	}
@@ -157,10 +158,10 @@ func (o Options) WithDefaults() (Options, error) {
 		return o, fmt.Errorf("log relay options: WALSenderTimeout %s must exceed StatusInterval %s", o.WALSenderTimeout, o.StatusInterval)
 	}
 	if o.RetryBackoff == (core.Backoff{}) {
-		o.RetryBackoff = core.Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
+		o.RetryBackoff = table.RetryBackoff
 	}
 	if o.ErrorBackoff == (core.Backoff{}) {
-		o.ErrorBackoff = core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
+		o.ErrorBackoff = table.ErrorBackoff
 	}
 	if o.ApplicationName == "" {
 		o.ApplicationName = "outbox-log-relay"
