@@ -39,7 +39,7 @@ type Options struct {
 	MaxInFlightBytes int
 	// MarkBatch is how many published rows one statement marks
 	// dispatched; default 500.
-	MarkBatch      int
+	MarkBatch int
 	// PublishTimeout bounds one publish; default core.Options'.
 	PublishTimeout time.Duration
 	// RetryBackoff paces the retries of an event whose publish failed
