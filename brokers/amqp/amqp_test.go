@@ -294,7 +294,7 @@ func TestStalls(t *testing.T) {
 	brokertest.RunStalls(t, brokertest.StallHarness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			u, proxy := viaProxy(t, raw)
-			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, nil)
+			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, brokertest.Logger(t))
 			if err != nil {
 				t.Fatal(err)
 			}

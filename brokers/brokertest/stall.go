@@ -198,9 +198,10 @@ func (s stalls) relayResumes(t *testing.T, m Mode) {
 	if !ok {
 		t.Fatal("the publisher does not implement core.Pinger")
 	}
-	probed := &countPings{Publisher: pub, p: pinger}
+	probed := &countPings{Publisher: pub, p: pinger, t: t}
 	relay, err := core.New(store, probed, core.Options{
-		Lanes: 4, BatchSize: 50, PollInterval: 20 * time.Millisecond,
+		Logger: Logger(t),
+		Lanes:  4, BatchSize: 50, PollInterval: 20 * time.Millisecond,
 		PublishTimeout: time.Second, ShutdownTimeout: 2 * time.Second,
 		RetryBackoff: core.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond},
 		// Long enough that only probing can bring the relay back in time.
@@ -227,6 +228,7 @@ func (s stalls) relayResumes(t *testing.T, m Mode) {
 	waitUntil(t, 20*time.Second, "a failed probe", func() bool { return probed.failed.Load() > 0 })
 	before := obs.ok.Load()
 	healed := time.Now()
+	t.Logf("healing the proxy")
 	proxy.Heal()
 	waitUntil(t, 10*time.Second, "a publish after the heal", func() bool { return obs.ok.Load() > before })
 	took := time.Since(healed)
@@ -263,17 +265,21 @@ func (c *countPublished) Completed(int, int, time.Duration) {}
 func (c *countPublished) Errored(string, error)             {}
 func (c *countPublished) Rejected(*core.Event, error)       {}
 
-// countPings counts the relay's failed probes of the publisher.
+// countPings counts the relay's failed probes of the publisher, and logs
+// each probe's outcome: what a case that fails has to show.
 type countPings struct {
 	core.Publisher
 	p      core.Pinger
+	t      *testing.T
 	failed atomic.Int64
 }
 
 func (c *countPings) Ping(ctx context.Context) error {
+	start := time.Now()
 	err := c.p.Ping(ctx)
 	if err != nil {
 		c.failed.Add(1)
 	}
+	c.t.Logf("probe: %v after %v", err, time.Since(start).Round(time.Millisecond))
 	return err
 }

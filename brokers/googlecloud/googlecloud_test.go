@@ -155,7 +155,7 @@ func TestStalls(t *testing.T) {
 			proxy := brokertest.NewProxy(t, srv.Addr)
 			pub, err := googlecloud.New(t.Context(), googlecloud.Config{
 				ProjectID: project, EmulatorHost: proxy.Addr(), CreateTopics: true, PublishTimeout: 3 * time.Second,
-			}, r, nil)
+			}, r, brokertest.Logger(t))
 			if err != nil {
 				t.Fatal(err)
 			}

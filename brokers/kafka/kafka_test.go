@@ -240,7 +240,7 @@ func TestStalls(t *testing.T) {
 	brokertest.RunStalls(t, brokertest.StallHarness{
 		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
 			kf, proxy := proxied(t)
-			pub, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second, Timeout: time.Second}, r, nil)
+			pub, err := kafka.New(t.Context(), kafka.Config{Brokers: kf.ListenAddrs(), DialTimeout: 2 * time.Second, Timeout: time.Second}, r, brokertest.Logger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
