@@ -28,7 +28,10 @@ func TestHandOffOnlyByTheSlotsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	slot, oldPID := holdSlot(t, pool, cfg)
-	q := newStatements(cfg, slot)
+	q, err := newStatements(cfg, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()

@@ -1,8 +1,6 @@
 package walrelay
 
 import (
-	"encoding/json"
-
 	"github.com/outboxhq/outbox/event"
 	"github.com/outboxhq/outbox/store"
 )
@@ -36,5 +34,3 @@ func MessagePrefix(cfg store.Config) (string, error) {
 	}
 	return event.MessagePrefix(cfg.Schema, cfg.Table), nil
 }
-
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

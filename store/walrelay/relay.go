@@ -225,7 +225,11 @@ func New(pool *pgxpool.Pool, pub core.Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new log relay: %w", err)
 	}
-	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: newStatements(o.Store, o.Slot)}, nil
+	sql, err := newStatements(o.Store, o.Slot)
+	if err != nil {
+		return nil, fmt.Errorf("new log relay: %w", err)
+	}
+	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: sql}, nil
 }
 
 // Options returns the relay's options with defaults filled in.
@@ -292,7 +296,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			return fmt.Errorf("log relay: %w", err)
 		}
 		r.opts.Slot = slot
-		r.sql = newStatements(r.opts.Store, r.opts.Slot)
+		if r.sql, err = newStatements(r.opts.Store, r.opts.Slot); err != nil {
+			return fmt.Errorf("log relay: %w", err)
+		}
 	}
 	failures, standing, created := 0, false, false
 	for ctx.Err() == nil {
@@ -490,11 +496,7 @@ func (r *Relay) loadHandedOff(ctx context.Context) (map[string]bool, error) {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, r.sql.handedOff)
-		if err != nil {
-			return err
-		}
-		aggs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		aggs, err := r.sql.HandedOffAggregates(ctx, tx)
 		for _, a := range aggs {
 			out[a] = true
 		}
@@ -989,8 +991,8 @@ func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	if !known {
 		return false, nil
 	}
-	var pending bool
-	if err := s.r.pool.QueryRow(ctx, s.r.sql.pendingAgg, agg).Scan(&pending); err != nil {
+	pending, err := s.r.sql.AggregateHandedOff(ctx, s.r.pool, agg)
+	if err != nil {
 		return false, err
 	}
 	if !pending {
@@ -1020,11 +1022,7 @@ func (s *stream) refreshHandedOff(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rows, err := s.r.pool.Query(ctx, s.r.sql.handedOff)
-		if err != nil {
-			continue
-		}
-		aggs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		aggs, err := s.r.sql.HandedOffAggregates(ctx, s.r.pool)
 		if err != nil {
 			continue
 		}

@@ -32,7 +32,10 @@ func TestMarkAndHandOffWaitForInvisibleRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	slot, pid := holdSlot(t, pool, cfg)
-	q := newStatements(cfg, slot)
+	q, err := newStatements(cfg, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)

@@ -266,6 +266,10 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	if err := Check(ctx, pool); err != nil {
 		return c, err
 	}
+	lt, err := store.NewLogTable(cfg)
+	if err != nil {
+		return c, err
+	}
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	if c.Publication, err = createPublication(ctx, pool, s, table); err != nil {
 		return c, err
@@ -324,14 +328,11 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(res.SnapshotName, "'", "''")+"'"); err != nil {
 			return fmt.Errorf("import the slot's snapshot: %w", err)
 		}
-		return tx.QueryRow(ctx, `SELECT COALESCE(array_agg(seq ORDER BY seq), '{}') FROM `+table+`
-WHERE dispatched_at IS NULL AND handoff_at IS NULL`).Scan(&seqs)
+		seqs, err = lt.Unhanded(ctx, tx)
+		return err
 	})
 	if err == nil && len(seqs) > 0 {
-		var tag pgconn.CommandTag
-		tag, err = pool.Exec(ctx, `UPDATE `+table+` SET handoff_at = now()
-WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`, seqs)
-		c.HandedOff = tag.RowsAffected()
+		c.HandedOff, err = lt.HandOffUnhanded(ctx, pool, seqs)
 	}
 	if err == nil && testHookHandedOff != nil {
 		err = testHookHandedOff()
