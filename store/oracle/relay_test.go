@@ -17,7 +17,8 @@ import (
 
 // relay is one relay process of the history's mode, wired as the outbox
 // command wires it: in table mode a core.Relay over the table; in log mode
-// the log relay and, beside it, a core.Relay over the handoff view.
+// a walrelay.Pair (the log relay and, beside it, a core.Relay over the
+// handoff view).
 type relay struct {
 	name  string // application_name of its sessions
 	pool  *pgxpool.Pool
@@ -52,49 +53,46 @@ func (d *driver) start() {
 		ShutdownTimeout: 2 * time.Second, Unordered: d.h.Mode == oracle.TableUnordered,
 		RetryBackoff: retryBackoff, ErrorBackoff: errorBackoff,
 	}
-	cfg := d.cfg
-	if d.h.Mode.Log() {
-		if cfg, err = walrelay.HandoffConfig(d.cfg); err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	if !d.h.Mode.Log() {
+		st, err := store.New(r.pool, d.cfg, nil)
+		if err != nil {
 			d.t.Fatal(err)
 		}
-		ro.DisableWakeups = true
+		if r.table, err = core.New(st, d.pub, ro); err != nil {
+			d.t.Fatal(err)
+		}
+		if err := r.table.Start(ctx); err != nil {
+			d.t.Fatal(err)
+		}
+		d.relay = r
+		return
 	}
-	st, err := store.New(r.pool, cfg, nil)
+	lo := walrelay.Options{
+		Store: d.cfg, Slot: d.slot, CreateSlot: true, Lanes: 4,
+		PublishTimeout: 2 * time.Second, RetryBackoff: retryBackoff, HandOffAfter: 3, ErrorBackoff: errorBackoff,
+		StandbyInterval: 100 * time.Millisecond, StatusInterval: 100 * time.Millisecond,
+		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second, ShutdownTimeout: 2 * time.Second,
+		ApplicationName: r.name,
+	}
+	pair, err := walrelay.NewPair(r.pool, d.pub, lo, ro)
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	if r.table, err = core.New(st, d.pub, ro); err != nil {
-		d.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	if err := r.table.Start(ctx); err != nil {
-		d.t.Fatal(err)
-	}
-	if d.h.Mode.Log() {
-		lo := walrelay.Options{
-			Store: d.cfg, Slot: d.slot, CreateSlot: true, Lanes: 4,
-			PublishTimeout: 2 * time.Second, RetryBackoff: retryBackoff, HandOffAfter: 3, ErrorBackoff: errorBackoff,
-			StandbyInterval: 100 * time.Millisecond, StatusInterval: 100 * time.Millisecond,
-			ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second, ShutdownTimeout: 2 * time.Second,
-			ApplicationName: r.name, HandedOff: r.table.Wake,
+	r.table, r.log = pair.Table, pair.Log
+	r.logDone = make(chan error, 1)
+	go func() { r.logDone <- pair.Run(ctx) }()
+	// The slot exists once the relay holds it; events written before
+	// then are written before the slot.
+	deadline := time.Now().Add(20 * time.Second)
+	for !r.log.Holding() {
+		if time.Now().After(deadline) {
+			d.t.Fatal("the log relay did not take its slot within 20s")
 		}
-		if r.log, err = walrelay.New(r.pool, d.pub, lo); err != nil {
-			d.t.Fatal(err)
-		}
-		r.logDone = make(chan error, 1)
-		go func() { r.logDone <- r.log.Run(ctx) }()
-		// The slot exists once the relay holds it; events written before
-		// then are written before the slot.
-		deadline := time.Now().Add(20 * time.Second)
-		for !r.log.Holding() {
-			if time.Now().After(deadline) {
-				d.t.Fatal("the log relay did not take its slot within 20s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		d.slotMade = true
+		time.Sleep(10 * time.Millisecond)
 	}
+	d.slotMade = true
 	d.relay = r
 }
 

@@ -11,38 +11,25 @@ import (
 	"github.com/outboxhq/outbox/store/walrelay"
 )
 
-// The log relay and, beside it, the table path that publishes the events
-// it hands to the table (poison events and those behind them).
-func Example() {
+// Log mode in a service: the log relay and, beside it, the table relay
+// that publishes the events it hands to the table (poison events and
+// those behind them), as `outbox relay --mode log` runs them.
+func ExampleNewPair() {
 	ctx := context.Background()
 	var pool *pgxpool.Pool // pgxpool.New(ctx, url): a direct connection, not PgBouncer
 	var pub core.Publisher // from brokers.Open
 	if pool == nil || pub == nil {
 		return
 	}
-	cfg := store.Config{Schema: "public", Table: "events_outbox"}
-	hc, err := walrelay.HandoffConfig(cfg)
+	p, err := walrelay.NewPair(pool, pub,
+		walrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}, CreateSlot: true, Logger: slog.Default()},
+		core.Options{Logger: slog.Default()})
 	if err != nil {
 		panic(err)
 	}
-	hst, err := store.New(pool, hc, nil)
-	if err != nil {
-		panic(err)
-	}
-	tableRelay, err := core.New(hst, pub, core.Options{DisableWakeups: true})
-	if err != nil {
-		panic(err)
-	}
-	go func() { _ = tableRelay.Run(ctx) }()
-
-	r, err := walrelay.New(pool, pub, walrelay.Options{
-		Store: cfg, CreateSlot: true, HandedOff: tableRelay.Wake, Logger: slog.Default(),
-	})
-	if err != nil {
-		panic(err)
-	}
+	// p.Ready(ctx) serves a readiness probe.
 	// Returns on ctx's end, or at once for wal_level or REPLICATION errors.
-	if err := r.Run(ctx); err != nil {
+	if err := p.Run(ctx); err != nil {
 		panic(err)
 	}
 }

@@ -16,69 +16,40 @@ import (
 	"github.com/outboxhq/outbox/store/walrelay"
 )
 
-// relay.mode log: the log relay reads the slot; beside it, a table relay
-// over the handoff view publishes the events handed to the table (poison
-// events and those behind them, rows committed before the slot existed).
+// relay.mode log runs a walrelay.Pair: the log relay reads the slot; beside
+// it, a table relay over the handoff view publishes the events handed to
+// the table (poison events and those behind them, rows committed before
+// the slot existed).
 
 func init() { extraCommands = append(extraCommands, slotCmd) }
 
-// runLogRelay runs both until ctx ends. setRelay hands the table path's
-// relay to the hooks (readiness).
+// runLogRelay runs the pair until ctx ends. setRelay hands the table
+// path's relay to the hooks (readiness, the console's progress).
 func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publisher, obs core.Observer, setRelay func(*core.Relay)) error {
 	pool := st.Pool()
-	hc, err := walrelay.HandoffConfig(st.Config())
-	if err != nil {
-		return usageError(err)
-	}
-	hst, err := store.New(pool, hc, e.log.With("path", "table"))
-	if err != nil {
-		return err
-	}
-	ro := e.cfg.RelayOptions(e.log.With("path", "table"), obs)
-	// The table's NOTIFY fires for every producer's insert, which the log
-	// relay publishes; the table path is woken by the log relay instead.
-	ro.DisableWakeups = true
-	tableRelay, err := core.New(hst, pub, ro)
-	if err != nil {
-		return err
-	}
-	setRelay(tableRelay)
 	lo := e.cfg.LogRelayOptions(e.log.With("path", "log"), obs)
-	lo.HandedOff = tableRelay.Wake
 	lo.ApplicationName = fmt.Sprintf("%s log", relayAppName)
 	// The default slot name depends on the database: resolved here, so
 	// the log line and the slot metrics name the slot the relay reads.
+	var err error
 	if lo.Slot, err = lo.Slot.Resolve(ctx, pool, st.Config()); err != nil {
 		return err
 	}
-	logRelay, err := walrelay.New(pool, pub, lo)
+	pair, err := walrelay.NewPair(pool, pub, lo, e.cfg.RelayOptions(e.log.With("path", "table"), obs))
 	if err != nil {
 		return usageError(err)
 	}
+	setRelay(pair.Table)
 	if e.slots != nil {
-		go e.slots.run(ctx, pool, logRelay.Options(), logRelay, e)
+		go e.slots.run(ctx, pool, pair.Log.Options(), pair.Log, e)
 	}
-	// The log path counts as stalled after as long as the table path may
-	// go without a cycle.
-	eff, err := ro.WithDefaults()
-	if err != nil {
-		return usageError(err)
-	}
-	ready := func() []core.Check { return logRelay.Ready(eff.StaleAfter) }
+	ready := pair.LogReady
 	e.logReady.Store(&ready)
-	lo = logRelay.Options()
-	e.log.Info("relay starting", "mode", "log", "database", Redact(e.cfg.DatabaseURL), "table", hc.Schema+"."+st.Config().Table,
+	lo = pair.Log.Options()
+	e.log.Info("relay starting", "mode", "log", "database", Redact(e.cfg.DatabaseURL), "table", lo.Store.Schema+"."+lo.Store.Table,
 		"slot", lo.Slot.Name, "publication", lo.Slot.Publication, "broker", e.cfg.Broker, "lanes", lo.Lanes,
 		"max_in_flight", lo.MaxInFlight, "wal_sender_timeout", lo.WALSenderTimeout)
-	tctx, stopTable := context.WithCancel(ctx)
-	tableDone := make(chan error, 1)
-	go func() { tableDone <- tableRelay.Run(tctx) }()
-	err = logRelay.Run(ctx)
-	stopTable()
-	if terr := <-tableDone; terr != nil && err == nil {
-		err = fmt.Errorf("relay table path: %w", terr)
-	}
-	if err != nil {
+	if err := pair.Run(ctx); err != nil {
 		return err
 	}
 	e.log.Info("relay stopped")
