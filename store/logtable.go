@@ -112,8 +112,11 @@ func (l *LogTable) HandOffUnhanded(ctx context.Context, db Execer, seqs []int64)
 // yet, or deleted.
 func (l *LogTable) MarkDispatched(ctx context.Context, db Querier, seqs []int64) (missing []int64, err error) {
 	done, err := collect[int64](ctx, db, l.markDone, seqs)
-	if err != nil || len(done) == len(seqs) {
-		return nil, wrap("mark rows dispatched", err)
+	if err != nil {
+		return nil, fmt.Errorf("mark rows dispatched: %w", err)
+	}
+	if len(done) == len(seqs) {
+		return nil, nil
 	}
 	rest := without(seqs, done)
 	seen, err := collect[int64](ctx, db, l.dispatched, rest)
@@ -126,7 +129,10 @@ func (l *LogTable) MarkDispatched(ctx context.Context, db Querier, seqs []int64)
 // HandedOffAggregates lists the aggregates with pending handed-off rows.
 func (l *LogTable) HandedOffAggregates(ctx context.Context, db Querier) ([]string, error) {
 	aggs, err := collect[string](ctx, db, l.handedOff)
-	return aggs, wrap("list aggregates handed off", err)
+	if err != nil {
+		return nil, fmt.Errorf("list aggregates handed off: %w", err)
+	}
+	return aggs, nil
 }
 
 // AggregateHandedOff reports whether agg has pending handed-off rows.
@@ -288,13 +294,6 @@ func collect[T any](ctx context.Context, db Querier, sql string, args ...any) ([
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[T])
-}
-
-func wrap(verb string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %w", verb, err)
 }
 
 func without(all, some []int64) []int64 {
