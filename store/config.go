@@ -156,6 +156,7 @@ type names struct {
 	FailedIdx                                          string
 	LogWriteFunc                                       string // migration 9
 	LogPrefixLiteral, SchemaLiteral, TableLiteral      string // quoted literals
+	HandOffPrefixLiteral                               string
 	DispatchedIdx, ParkedIdx                           string // named by PostgreSQL before, see autoIndexName
 	KeySyncFunc, KeySyncTrigger, KeyNotNull            string // migration 7's new column, until the swap
 	AggregateIdxNew, RetryIdxNew                       string
@@ -191,20 +192,21 @@ func (c Config) names() names {
 		AggregateIdxNew: ident(c.Table + "_agg_new"),
 		RetryIdxNew:     ident(c.Table + "_retry_new"),
 
-		KeyCheck:         ident(c.Table + "_key_check"),
-		PayloadCheck:     ident(c.Table + "_payload_check"),
-		ContentTypeCheck: ident(c.Table + "_ctype_check"),
-		TopicCheck:       ident(c.Table + "_topic_check"),
-		DeliverCheck:     ident(c.Table + "_deliver_check"),
-		ReservedCheck:    ident(c.Table + "_reserved_check"),
-		WriteFunc:        ident(c.Schema, c.Table+"_write"),
-		ScheduleFunc:     ident(c.Schema, c.Table+"_schedule"),
-		ScheduleTrigger:  ident(c.Table + "_schedule"),
-		LogWriteFunc:     ident(c.Schema, c.Table+"_log_write"),
-		LogPrefixLiteral: literal(event.MessagePrefix(c.Schema, c.Table)),
-		SchemaLiteral:    literal(c.Schema),
-		TableLiteral:     literal(c.Table),
-		Channel:          c.NotifyChannel,
-		ChannelLiteral:   literal(c.NotifyChannel),
+		KeyCheck:             ident(c.Table + "_key_check"),
+		PayloadCheck:         ident(c.Table + "_payload_check"),
+		ContentTypeCheck:     ident(c.Table + "_ctype_check"),
+		TopicCheck:           ident(c.Table + "_topic_check"),
+		DeliverCheck:         ident(c.Table + "_deliver_check"),
+		ReservedCheck:        ident(c.Table + "_reserved_check"),
+		WriteFunc:            ident(c.Schema, c.Table+"_write"),
+		ScheduleFunc:         ident(c.Schema, c.Table+"_schedule"),
+		ScheduleTrigger:      ident(c.Table + "_schedule"),
+		LogWriteFunc:         ident(c.Schema, c.Table+"_log_write"),
+		LogPrefixLiteral:     literal(event.MessagePrefix(c.Schema, c.Table)),
+		HandOffPrefixLiteral: literal(handOffPrefix(c.Schema, c.Table)),
+		SchemaLiteral:        literal(c.Schema),
+		TableLiteral:         literal(c.Table),
+		Channel:              c.NotifyChannel,
+		ChannelLiteral:       literal(c.NotifyChannel),
 	}
 }

@@ -22,6 +22,7 @@ type LogTable struct {
 	handedOff, aggregateHandedOff string
 	handRow, insertEvent          string
 	insertUnreadable              string
+	handOffPrefix                 string
 }
 
 // Querier runs statements: a pgx.Tx, a *pgxpool.Pool or a *pgx.Conn.
@@ -40,6 +41,7 @@ func NewLogTable(cfg Config) (*LogTable, error) {
 	t := cfg.names().Outbox
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return &LogTable{
+		handOffPrefix:   handOffPrefix(cfg.Schema, cfg.Table),
 		unhanded:        `SELECT COALESCE(array_agg(seq ORDER BY seq), '{}') FROM ` + t + ` WHERE dispatched_at IS NULL AND handoff_at IS NULL`,
 		handOffUnhanded: `UPDATE ` + t + ` SET handoff_at = now() WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`,
 		// The claim's mark, made safe to repeat: the log relay marks rows
@@ -142,6 +144,20 @@ func (l *LogTable) AggregateHandedOff(ctx context.Context, db Querier, agg strin
 		return false, fmt.Errorf("check aggregate %s handed off: %w", agg, err)
 	}
 	return pending, nil
+}
+
+// HandOffPrefix is the prefix of the logical messages by which replay,
+// retry and unpark tell the log relay, in commit order, which aggregates
+// they handed off (see ParseHandOff).
+func (l *LogTable) HandOffPrefix() string { return l.handOffPrefix }
+
+// ParseHandOff reads the aggregates a hand-off message names.
+func ParseHandOff(content []byte) ([]string, error) {
+	var aggs []string
+	if err := json.Unmarshal(content, &aggs); err != nil {
+		return nil, fmt.Errorf("read hand-off message: %w", err)
+	}
+	return aggs, nil
 }
 
 // Failed is why a handed-off event does not go out at once: held (a

@@ -54,10 +54,32 @@ func aggregateCols(t string) string {
 // (replay, retry, unpark) adds. In log mode the log relay reads inserts
 // only, so an updated row reaches a broker through the table path, which
 // claims the rows handed off to it (migration 8); there the ordered claim
-// puts it before the later events of its aggregate, and the log relay
-// sends the aggregate's new events after it once it sees the aggregate has
-// pending handed-off rows. In table mode the column means nothing.
+// puts it before the later events of its aggregate. In table mode the
+// column means nothing. Such a command runs its UPDATE through
+// handingOff, so that the log relay learns of it in commit order.
 const handOff = `handoff_at = COALESCE(handoff_at, now())`
+
+// handOffPrefix is the prefix of the logical message a command that hands
+// rows off emits (see handingOff): the outbox's own, so each log relay
+// reads only its table's.
+func handOffPrefix(schema, table string) string {
+	return "outbox-handoff:" + schema + "." + table
+}
+
+// handingOff wraps update, an UPDATE that sets handOff and returns the
+// rows' aggregate_id and seq, into a statement that returns the count and
+// the highest seq, and emits in the same transaction a logical message
+// naming the aggregates it handed off. The log relay reads it in commit
+// order, so every event committed after the command finds its aggregate
+// handed off and follows the command's rows through the table; a relay
+// that learned of it later (by polling) could publish such an event ahead
+// of them. With wal_level below logical the message is written and never
+// read.
+func (s *Store) handingOff(update string) string {
+	return `WITH u AS (` + update + `),
+n AS (SELECT pg_logical_emit_message(true, ` + s.n.HandOffPrefixLiteral + `, json_agg(DISTINCT aggregate_id)::text) FROM u HAVING count(*) > 0)
+SELECT count(*), COALESCE(max(seq), 0), (SELECT count(*) FROM n) FROM u`
+}
 
 // maxSeq is above every seq.
 const maxSeq = `9223372036854775807`
@@ -236,24 +258,22 @@ func (s *Store) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
     ORDER BY seq LIMIT $2`
 	var sql string
 	if opts.DryRun {
-		sql = `SELECT count(*), COALESCE(max(seq), 0) FROM (` + match + `) m`
+		sql = `SELECT count(*), COALESCE(max(seq), 0), 0 FROM (` + match + `) m`
 	} else {
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
 		// handoff_at: see handOff.
-		sql = `WITH m AS (` + match + ` FOR UPDATE), u AS (
-    UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL,
+		sql = s.handingOff(`UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL,
         ` + handOff + `
-    FROM m WHERE o.seq = m.seq RETURNING o.seq)
-SELECT count(*), COALESCE(max(seq), 0) FROM u`
+    FROM (` + match + ` FOR UPDATE) m WHERE o.seq = m.seq RETURNING o.aggregate_id, o.seq`)
 	}
 	var total, after int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("replay events (%s): %w", sel, err)
 		}
-		var n, last int64
-		if err := s.pool.QueryRow(ctx, sql, append([]any{after, opts.BatchSize}, args...)...).Scan(&n, &last); err != nil {
+		var n, last, noticed int64
+		if err := s.pool.QueryRow(ctx, sql, append([]any{after, opts.BatchSize}, args...)...).Scan(&n, &last, &noticed); err != nil {
 			return total, fmt.Errorf("replay events (%s): %w", sel, err)
 		}
 		total += n

@@ -161,7 +161,7 @@ LIMIT $2`
 // many events it released.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event not yet tried is waiting as asked, not failing.
-	n, err := s.update(ctx, sel, actionStates[ActionRetry], "retry_at = NULL, "+handOff)
+	n, err := s.update(ctx, sel, actionStates[ActionRetry], s.handingOff, "retry_at = NULL, "+handOff)
 	if err != nil {
 		return 0, fmt.Errorf("retry events (%s): %w", sel, err)
 	}
@@ -181,7 +181,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	case len(reason) > maxReason:
 		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), maxReason)
 	}
-	n, err := s.update(ctx, sel, actionStates[ActionPark], "parked_at = now(), parked_reason = $1", reason)
+	n, err := s.update(ctx, sel, actionStates[ActionPark], counted, "parked_at = now(), parked_reason = $1", reason)
 	if err != nil {
 		return 0, fmt.Errorf("park events (%s): %w", sel, err)
 	}
@@ -195,7 +195,7 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 // while it was parked stay published, so consumers see it after them.
 func (s *Store) Unpark(ctx context.Context, sel Selector) (int64, error) {
 	// A scheduled event goes back to waiting for its time.
-	n, err := s.update(ctx, sel, actionStates[ActionUnpark],
+	n, err := s.update(ctx, sel, actionStates[ActionUnpark], s.handingOff,
 		"parked_at = NULL, parked_reason = NULL, retry_at = CASE WHEN u.deliver_at > now() THEN u.deliver_at END, "+handOff)
 	if err != nil {
 		return 0, fmt.Errorf("unpark events (%s): %w", sel, err)
@@ -213,25 +213,32 @@ var actionStates = map[Action]string{
 	ActionUnpark: "o.parked_at IS NOT NULL",
 }
 
-// update applies set to the undispatched events matching sel and state.
+// update applies set to the undispatched events matching sel and state,
+// through wrap (counted, or handingOff when set makes rows pending again).
 // Rows are locked in id order, as claims lock them, so a command waits for
 // a relay's claim to end instead of deadlocking with it; a row the relay
 // dispatched meanwhile no longer matches and is left alone.
-func (s *Store) update(ctx context.Context, sel Selector, state, set string, setArgs ...any) (int64, error) {
+func (s *Store) update(ctx context.Context, sel Selector, state string, wrap func(update string) string, set string, setArgs ...any) (int64, error) {
 	cond, args, err := sel.where("o", len(setArgs)+2)
 	if err != nil {
 		return 0, err
 	}
-	sql := `UPDATE ` + s.n.Outbox + ` AS u SET ` + set + `
+	sql := wrap(`UPDATE ` + s.n.Outbox + ` AS u SET ` + set + `
 WHERE u.seq IN (
     SELECT o.seq FROM ` + s.n.Outbox + ` o
     WHERE o.dispatched_at IS NULL AND ` + state + ` AND ` + cond + `
     ORDER BY o.seq
     LIMIT $` + strconv.Itoa(len(setArgs)+1) + `
-    FOR UPDATE)`
-	tag, err := s.pool.Exec(ctx, sql, append(append(setArgs, MaxSelected), args...)...)
-	if err != nil {
+    FOR UPDATE)
+RETURNING u.aggregate_id, u.seq`)
+	var n, last, noticed int64
+	if err := s.pool.QueryRow(ctx, sql, append(append(setArgs, MaxSelected), args...)...).Scan(&n, &last, &noticed); err != nil {
 		return 0, err
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
+}
+
+// counted wraps an update as handingOff does, without the message.
+func counted(update string) string {
+	return `WITH u AS (` + update + `) SELECT count(*), COALESCE(max(seq), 0), 0 FROM u`
 }

@@ -268,7 +268,7 @@ func TestParkWaitsForAClaimAndSkipsWhatWentOut(t *testing.T) {
 	for {
 		var waiting bool
 		err := f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE%parked_at = now()%'
+			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE%parked_at = now()%'
 			  AND strpos(query, $1) > 0)`, f.cfg.Schema).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)

@@ -734,3 +734,91 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	waitFor(t, 20*time.Second, "the retried event published", func() bool { return pub.distinct()[ids[0]] == 2 })
 	waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
 }
+
+// An event committed right after an unpark or a replay of its aggregate
+// follows the rows the command handed off, though nothing but the log
+// tells the relay of the command (store.LogTable.HandOffPrefix).
+func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
+	for _, table := range []bool{true, false} {
+		t.Run(map[bool]string{true: "rows", false: "messages"}[table], func(t *testing.T) {
+			e := newEnv(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			st, err := store.New(e.pool, e.cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bySeq := func(id string) store.Selector {
+				t.Helper()
+				var seq int64
+				if err := e.pool.QueryRow(ctx, `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
+					t.Fatal(err)
+				}
+				return store.Selector{Seqs: []int64{seq}}
+			}
+			agg := uuid.NewString()
+			// Parked before the slot exists, so neither the stream nor
+			// the slot's creation hands it off.
+			parked := e.write(true, agg, 0, 1)[0]
+			if _, err := st.Park(ctx, bySeq(parked), "look"); err != nil {
+				t.Fatal(err)
+			}
+			e.createSlot()
+			pub := &recorder{}
+			o := e.opts()
+			e.startTablePath(pub, &o)
+			e.start(pub, o)
+
+			first := e.write(table, agg, 1, 1)[0]
+			waitFor(t, 20*time.Second, "the first event from the log", func() bool { return pub.distinct()[first] == 1 })
+			if n, err := st.Unpark(ctx, bySeq(parked)); err != nil || n != 1 {
+				t.Fatalf("unpark: %d, %v", n, err)
+			}
+			afterUnpark := e.write(table, agg, 2, 1)[0]
+			waitFor(t, 20*time.Second, "the unparked event and the next", func() bool {
+				d := pub.distinct()
+				return d[parked] == 1 && d[afterUnpark] == 1
+			})
+			if table {
+				waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+				if n, err := st.Replay(ctx, bySeq(first), store.ReplayOptions{}); err != nil || n != 1 {
+					t.Fatalf("replay: %d, %v", n, err)
+				}
+			} else {
+				// A log-only event has a row once handed off; replay the
+				// unparked one, which has one.
+				waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+				if n, err := st.Replay(ctx, bySeq(parked), store.ReplayOptions{}); err != nil || n != 1 {
+					t.Fatalf("replay: %d, %v", n, err)
+				}
+			}
+			afterReplay := e.write(table, agg, 3, 1)[0]
+			waitFor(t, 20*time.Second, "the event after the replay", func() bool { return pub.distinct()[afterReplay] == 1 })
+
+			var order []string
+			for _, ev := range pub.events() {
+				order = append(order, ev.ID)
+			}
+			at := func(id string, nth int) int {
+				for i, x := range order {
+					if x == id {
+						if nth--; nth == 0 {
+							return i
+						}
+					}
+				}
+				return -1
+			}
+			replayed := first
+			if !table {
+				replayed = parked
+			}
+			if at(parked, 1) > at(afterUnpark, 1) {
+				t.Errorf("the event written after the unpark went out before the unparked one: %v", order)
+			}
+			if at(replayed, 2) < 0 || at(replayed, 2) > at(afterReplay, 1) {
+				t.Errorf("the event written after the replay went out before the replayed one: %v", order)
+			}
+		})
+	}
+}

@@ -490,15 +490,15 @@ WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)
 // later events must follow them through the table. It waits for a
 // CreateSlot that is still handing rows off, and for the hand-offs in
 // progress of the relay that held the slot before (see asHolder).
-func (r *Relay) loadHandedOff(ctx context.Context) (map[string]bool, error) {
-	out := map[string]bool{}
+func (r *Relay) loadHandedOff(ctx context.Context) (map[string]uint32, error) {
+	out := map[string]uint32{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
 			return err
 		}
 		aggs, err := r.sql.HandedOffAggregates(ctx, tx)
 		for _, a := range aggs {
-			out[a] = true
+			out[a] = 0
 		}
 		return err
 	})
@@ -543,8 +543,12 @@ type stream struct {
 	// published is when a publish last succeeded (unix nanos).
 	published atomic.Int64
 
-	mu        sync.Mutex
-	handedOff map[string]bool // aggregates whose events go to the table
+	mu sync.Mutex
+	// handedOff holds the aggregates whose events go to the table, each
+	// with the transaction whose hand-off notice named it (0 when known
+	// otherwise): the notice can arrive before that transaction is
+	// visible, and its rows are looked up only once it is.
+	handedOff map[string]uint32
 }
 
 // item is one event read from the slot.
@@ -581,7 +585,6 @@ func (s *stream) run(ctx context.Context) error {
 		wg.Go(func() { s.lane(work, s.lanes[i]) })
 	}
 	wg.Go(func() { s.marker(work) })
-	wg.Go(func() { s.refreshHandedOff(work) })
 
 	confirmAfter := min(o.StatusInterval, confirmEvery)
 	lastRecv := time.Now()
@@ -817,6 +820,10 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 			s.dispatch(ctx, it)
 		}
 	case *pglogrepl.LogicalDecodingMessage:
+		if m.Prefix == s.r.sql.HandOffPrefix() {
+			s.noteHandOff(m)
+			return nil
+		}
 		if m.Prefix != s.r.prefix {
 			return nil
 		}
@@ -971,7 +978,9 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 		return false
 	}
 	s.mu.Lock()
-	s.handedOff[it.ev.AggregateID] = true
+	if _, known := s.handedOff[it.ev.AggregateID]; !known {
+		s.handedOff[it.ev.AggregateID] = 0
+	}
 	s.mu.Unlock()
 	if reason != nil && !retrying {
 		s.r.obs.Completed(0, 1, 0)
@@ -986,52 +995,53 @@ func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool
 // handed-off rows. Only aggregates known to have had some are looked up.
 func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	s.mu.Lock()
-	known := s.handedOff[agg]
+	xid, known := s.handedOff[agg]
 	s.mu.Unlock()
 	if !known {
 		return false, nil
+	}
+	if xid != 0 {
+		if err := s.r.sql.waitVisible(ctx, s.r.pool, s.r.log, xid); err != nil {
+			return false, err
+		}
 	}
 	pending, err := s.r.sql.AggregateHandedOff(ctx, s.r.pool, agg)
 	if err != nil {
 		return false, err
 	}
-	if !pending {
-		s.mu.Lock()
+	s.mu.Lock()
+	switch {
+	case s.handedOff[agg] != xid:
+		// Named by a newer notice meanwhile: looked up again next time.
+	case pending:
+		s.handedOff[agg] = 0
+	default:
 		delete(s.handedOff, agg)
-		s.mu.Unlock()
 	}
+	s.mu.Unlock()
 	return pending, nil
 }
 
-// handedOffRefresh is how often the relay reloads the aggregates with
-// pending handed-off rows. An operator's replay, retry or unpark hands
-// rows over without the relay knowing; until the reload, a new event of
-// that aggregate read from the log can go out before them. The query
-// reads the small handoff index.
-const handedOffRefresh = time.Second
-
-// refreshHandedOff adds, every handedOffRefresh, aggregates that gained
-// pending handed-off rows outside this relay (an operator's replay, retry
-// or unpark).
-func (s *stream) refreshHandedOff(ctx context.Context) {
-	t := time.NewTicker(handedOffRefresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		aggs, err := s.r.sql.HandedOffAggregates(ctx, s.r.pool)
-		if err != nil {
-			continue
-		}
-		s.mu.Lock()
-		for _, a := range aggs {
-			s.handedOff[a] = true
-		}
-		s.mu.Unlock()
+// noteHandOff records the aggregates a replay, retry or unpark handed off
+// (store.LogTable.HandOffPrefix). Read in commit order, the notice comes
+// before every event committed after the command, so none of them can go
+// out ahead of the rows it handed off.
+func (s *stream) noteHandOff(m *pglogrepl.LogicalDecodingMessage) {
+	aggs, err := store.ParseHandOff(m.Content)
+	if err != nil {
+		s.r.log.Error("log relay: unreadable hand-off notice ignored; the aggregates it names may see new events go out ahead of their handed-off rows",
+			"lsn", m.LSN.String(), "error", err)
+		return
 	}
+	var xid uint32
+	if m.Transactional && s.txn != nil {
+		xid = s.txn.xid
+	}
+	s.mu.Lock()
+	for _, a := range aggs {
+		s.handedOff[a] = xid
+	}
+	s.mu.Unlock()
 }
 
 // marker marks published rows dispatched, many per statement, and only

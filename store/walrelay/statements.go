@@ -120,6 +120,30 @@ func (q statements) settle(ctx context.Context, pool *pgxpool.Pool, log *slog.Lo
 	}
 }
 
+// waitVisible waits until transaction xid, read from the stream, is
+// visible to this relay's other sessions (see settle for why it may not
+// be yet).
+func (q statements) waitVisible(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, xid uint32) error {
+	start, warned := time.Now(), false
+	for attempt := 0; ; attempt++ {
+		var visible bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (`+visibleXIDs+`)`, []int64{int64(xid)}).Scan(&visible); err != nil {
+			return fmt.Errorf("check transaction %d visible: %w", xid, err)
+		}
+		if visible {
+			return nil
+		}
+		if !warned && time.Since(start) > 5*time.Second {
+			warned = true
+			log.Warn("log relay: a hand-off notice's transaction is not visible yet; its aggregate's events wait (a synchronous standby that does not confirm holds it)",
+				"xid", xid, "waited", time.Since(start).Round(time.Millisecond))
+		}
+		if !sleep(ctx, min(time.Duration(1+attempt)*4*time.Millisecond, time.Second)) {
+			return ctx.Err()
+		}
+	}
+}
+
 // errNotHolder is a hand-off refused because this session's walsender no
 // longer holds the slot.
 var errNotHolder = errors.New("this relay no longer holds the slot (another relay took it over): it hands nothing to the table")
