@@ -338,6 +338,32 @@ func TestSimReplayAndSlot(t *testing.T) {
 		f.settle(true)
 		f.want(PromiseRefusedBeforeSlot)
 	})
+	t.Run("rows before the slot go out in seq order, not commit order", func(t *testing.T) {
+		f := newFake(t, LogRows)
+		f.ids[1], f.ids[2], f.ids[3] = "a", "b", "c"
+		// #1 took its seq first and committed second.
+		f.s.Wrote(e(1, 1, SQLInsert), Written{ID: "a", Committed: true, CommitPos: 2, Seq: 1, Tx: 1, BeforeSlot: true})
+		f.s.Wrote(e(2, 1, SQLInsert), Written{ID: "b", Committed: true, CommitPos: 1, Seq: 2, Tx: 2, BeforeSlot: true})
+		f.s.Wrote(e(3, 1, SQLInsert), Written{ID: "c", Committed: true, CommitPos: 3, Seq: 3, Tx: 3})
+		f.settle(true, 1, 2, 3)
+		f.want()
+	})
+	t.Run("rows before the slot in commit order, against seq order", func(t *testing.T) {
+		f := newFake(t, LogRows)
+		f.ids[1], f.ids[2] = "a", "b"
+		f.s.Wrote(e(1, 1, SQLInsert), Written{ID: "a", Committed: true, CommitPos: 2, Seq: 1, Tx: 1, BeforeSlot: true})
+		f.s.Wrote(e(2, 1, SQLInsert), Written{ID: "b", Committed: true, CommitPos: 1, Seq: 2, Tx: 2, BeforeSlot: true})
+		f.settle(true, 2, 1)
+		f.want(PromiseOrder)
+	})
+	t.Run("a row after the slot ahead of one before it", func(t *testing.T) {
+		f := newFake(t, LogRows)
+		f.ids[1], f.ids[2] = "a", "b"
+		f.s.Wrote(e(1, 1, SQLInsert), Written{ID: "a", Committed: true, CommitPos: 1, Seq: 2, Tx: 1, BeforeSlot: true})
+		f.s.Wrote(e(2, 1, SQLInsert), Written{ID: "b", Committed: true, CommitPos: 2, Seq: 1, Tx: 2})
+		f.settle(true, 2, 1)
+		f.want(PromiseOrder)
+	})
 	t.Run("nothing owed while the relay is stopped", func(t *testing.T) {
 		f := newFake(t, TableOrdered)
 		f.write(true, e(1, 1, GoRows), e(2, 1, GoRows))
