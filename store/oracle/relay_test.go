@@ -70,7 +70,7 @@ func (d *driver) start() {
 		return
 	}
 	lo := walrelay.Options{
-		Store: d.cfg, Slot: d.slot, CreateSlot: true, Lanes: 4,
+		Store: d.cfg, Slot: d.slot, Lanes: 4,
 		PublishTimeout: 2 * time.Second, RetryBackoff: retryBackoff, HandOffAfter: 3, ErrorBackoff: errorBackoff,
 		StandbyInterval: 100 * time.Millisecond, StatusInterval: 100 * time.Millisecond,
 		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second, ShutdownTimeout: 2 * time.Second,

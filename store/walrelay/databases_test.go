@@ -99,7 +99,7 @@ func TestTwoDatabasesOnOneServer(t *testing.T) {
 	}{{poolA, dbA}, {poolB, dbB}} {
 		pub := &recorder{}
 		o := (&env{t: t, cfg: cfg}).opts()
-		o.Slot, o.CreateSlot = walrelay.Slot{}, true
+		o.Slot = walrelay.Slot{}
 		run := startRelay(t, side.pool, pub, o)
 		w, err := outbox.NewLogWriter(outbox.WriterOptions{Store: cfg})
 		if err != nil {
@@ -134,7 +134,7 @@ func TestTwoDatabasesOnOneServer(t *testing.T) {
 	// A slot named explicitly after A's is refused in B, at once, naming
 	// the slot and its database; the relay does not loop creating it.
 	o := (&env{t: t, cfg: cfg}).opts()
-	o.Slot, o.CreateSlot = walrelay.Slot{Name: legacy}, true
+	o.Slot = walrelay.Slot{Name: legacy}
 	r, err := walrelay.New(poolB, &recorder{}, o)
 	if err != nil {
 		t.Fatal(err)

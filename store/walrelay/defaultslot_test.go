@@ -34,9 +34,8 @@ func TestDefaultSlotNameHandsOff(t *testing.T) {
 				return nil
 			}}
 			o := e.opts()
-			o.Slot, o.CreateSlot = walrelay.Slot{}, true
-			e.startTablePath(pub, &o)
-			run := e.start(pub, o)
+			o.Slot = walrelay.Slot{}
+			run := e.startPair(pub, o)
 			waitFor(t, 20*time.Second, "the relay to hold its slot", run.r.Holding)
 
 			due := time.Now().Add(time.Second).Truncate(time.Microsecond)

@@ -607,8 +607,7 @@ func TestFailingEventMovesToTheTable(t *testing.T) {
 			if flavour.pings {
 				pub = &pingingRecorder{recorder: recorder{fail: fail}}
 			}
-			e.startTablePath(pub, &o)
-			e.start(pub, o)
+			e.startPair(pub, o)
 			e.write(flavour.table, a, 0, 6)
 			e.write(flavour.table, b, 0, 2)
 			waitFor(t, 20*time.Second, "A's first two events", func() bool {
@@ -766,8 +765,7 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 			e.createSlot()
 			pub := &recorder{}
 			o := e.opts()
-			e.startTablePath(pub, &o)
-			e.start(pub, o)
+			e.startPair(pub, o)
 
 			first := e.write(table, agg, 1, 1)[0]
 			waitFor(t, 20*time.Second, "the first event from the log", func() bool { return pub.distinct()[first] == 1 })

@@ -57,8 +57,7 @@ func TestHandedOffEventsKeepCommitOrder(t *testing.T) {
 			e.createSlot()
 			pub := &recorder{}
 			o := e.opts()
-			e.startTablePath(pub, &o)
-			e.start(pub, o)
+			e.startPair(pub, o)
 
 			agg := "k2_" + uuid.NewString()[:8]
 			first := orderMsg(agg, 1)

@@ -123,6 +123,21 @@ func (e *env) start(pub core.Publisher, o walrelay.Options) *running {
 	return startRelay(e.t, e.pool, pub, o)
 }
 
+// startPair runs log mode whole, as the binary does (walrelay.Pair): the
+// log relay with o and the table path beside it, publishing to pub.
+func (e *env) startPair(pub core.Publisher, o walrelay.Options) *running {
+	e.t.Helper()
+	p, err := walrelay.NewPair(e.pool, pub, o, core.Options{PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &running{r: p.Log, cancel: cancel, done: make(chan error, 1)}
+	go func() { run.done <- p.Run(ctx) }()
+	e.t.Cleanup(func() { run.stop(e.t) })
+	return run
+}
+
 func startRelay(t *testing.T, pool *pgxpool.Pool, pub core.Publisher, o walrelay.Options) *running {
 	t.Helper()
 	r, err := walrelay.New(pool, pub, o)

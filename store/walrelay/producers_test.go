@@ -41,29 +41,6 @@ func (e *env) writeMsgs(table bool, msgs ...outbox.Message) {
 	}
 }
 
-// startTablePath runs the table path of log mode: a core.Relay over the
-// handoff view, woken by the log relay's hand-offs through o.HandedOff.
-func (e *env) startTablePath(pub core.Publisher, o *walrelay.Options) {
-	e.t.Helper()
-	hc, err := walrelay.HandoffConfig(e.cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	hst, err := store.New(e.pool, hc, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	tr, err := core.New(hst, pub, core.Options{PollInterval: 50 * time.Millisecond, DisableWakeups: true})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- tr.Run(ctx) }()
-	e.t.Cleanup(func() { cancel(); <-done })
-	o.HandedOff = tr.Wake
-}
-
 // The producers' table contract through the log: any string key, bytes
 // payloads with their content type (empty and non-UTF-8 ones too), JSON
 // with a JSON content type, a topic per event, and a deliver-at time
@@ -170,8 +147,7 @@ func TestScheduledEventsWaitInTheTable(t *testing.T) {
 				return nil
 			}}
 			o := e.opts()
-			e.startTablePath(pub, &o)
-			e.start(pub, o)
+			e.startPair(pub, o)
 
 			due := time.Now().Add(3 * time.Second).Truncate(time.Microsecond)
 			msg := func(agg string, n int) outbox.Message {
@@ -255,8 +231,7 @@ func TestBadMessageHoldsItsAggregate(t *testing.T) {
 	e.createSlot()
 	pub := &recorder{}
 	o := e.opts()
-	e.startTablePath(pub, &o)
-	e.start(pub, o)
+	e.startPair(pub, o)
 	agg := "ord_" + uuid.NewString()[:8]
 	prefix, _ := walrelay.MessagePrefix(e.cfg)
 	id := uuid.NewString()

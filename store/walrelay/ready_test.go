@@ -1,13 +1,16 @@
 package walrelay_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store/walrelay"
 )
 
 func checkErr(checks []core.Check, name string) error {
@@ -75,8 +78,7 @@ func TestReady(t *testing.T) {
 // though its session never returns to clear the failure.
 func TestReadyAfterCreatingItsSlot(t *testing.T) {
 	e := newEnv(t)
-	o := e.opts()
-	o.CreateSlot = true
+	o := e.opts() // creates its slot: the default
 	rec := &recorder{}
 	a := e.start(rec, o)
 	waitFor(t, 20*time.Second, "the relay to create its slot and read it", a.r.Holding)
@@ -86,5 +88,26 @@ func TestReadyAfterCreatingItsSlot(t *testing.T) {
 		if c.Err != nil {
 			t.Errorf("check %s: %v, want ready while reading the slot it created", c.Name, c.Err)
 		}
+	}
+}
+
+// With ManualSlot a missing slot is an operator's to create: Run fails at
+// once, naming the command, and creates nothing.
+func TestManualSlotMissingFails(t *testing.T) {
+	e := newEnv(t)
+	o := e.opts()
+	o.ManualSlot = true
+	r, err := walrelay.New(e.pool, &recorder{}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if !errors.Is(err, walrelay.ErrNoSlot) || !strings.Contains(err.Error(), "outbox slot create") {
+		t.Fatalf("Run without the slot = %v, want ErrNoSlot naming `outbox slot create`", err)
+	}
+	if st := e.status(); st.Exists {
+		t.Errorf("slot status %+v: the relay created the slot with ManualSlot", st)
 	}
 }

@@ -25,9 +25,10 @@ import (
 type Options struct {
 	Store store.Config // the outbox's names and event limits; defaults as in store.Config
 	Slot  Slot         // defaults as in Slot
-	// CreateSlot creates the publication and the slot when the slot is
-	// missing (see CreateSlot), instead of failing.
-	CreateSlot bool
+	// ManualSlot leaves the slot to an operator (`outbox slot create`):
+	// Run fails when it is missing. By default the relay creates the
+	// publication and the slot (see CreateSlot), as the binary does.
+	ManualSlot bool
 
 	Lanes int // concurrent publishes, one aggregate per lane; default core.Options' (64), at most core.MaxLanes
 	// MaxInFlight bounds the events read from the slot and not yet done
@@ -275,7 +276,7 @@ func (r *Relay) Ready(staleAfter time.Duration) []core.Check {
 // finish (bounded by ShutdownTimeout), confirms and returns nil. It
 // returns an error only for what retrying cannot fix: the server's
 // wal_level, the role's missing REPLICATION attribute, a missing slot
-// without CreateSlot, a slot of the name that decodes another database.
+// with ManualSlot, a slot of the name that decodes another database.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := Check(ctx, r.pool); err != nil {
 		if ctx.Err() != nil {
@@ -329,7 +330,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case errors.Is(err, ErrNoSlot) && created:
 			// Created (or found) and still missing: never loop on it.
 			return fmt.Errorf("log relay: slot %s is missing right after it was created: %w", r.opts.Slot.Name, err)
-		case errors.Is(err, ErrNoSlot) && r.opts.CreateSlot:
+		case errors.Is(err, ErrNoSlot) && !r.opts.ManualSlot:
 			created = true
 			c, cerr := CreateSlot(ctx, r.pool, r.opts.Store, r.opts.Slot)
 			if cerr == nil {

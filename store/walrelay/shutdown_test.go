@@ -90,8 +90,7 @@ func TestOutageBehindPublisherThatCannotPing(t *testing.T) {
 	e.createSlot()
 	o := e.opts()
 	o.HandOffAfter = 3
-	e.startTablePath(&recorder{}, &o)
-	r := e.start(wm.New(refusing{}, &brokers.Routing{Fixed: "t"}, nil), o)
+	r := e.startPair(wm.New(refusing{}, &brokers.Routing{Fixed: "t"}, nil), o)
 	waitFor(t, 10*time.Second, "the relay to hold the slot", r.r.Holding)
 	e.write(true, uuid.NewString(), 0, 3)
 	e.write(false, uuid.NewString(), 0, 3)

@@ -177,7 +177,7 @@ func Defaults() Config {
 			RetryMin:       relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
 			Mode: "table",
 			Log: LogRelayConfig{
-				CreateSlot: true, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
+				CreateSlot: !logRelay.ManualSlot, MaxInFlight: logRelay.MaxInFlight, StatusInterval: logRelay.StatusInterval,
 				ReceiveTimeout: logRelay.ReceiveTimeout, WALSenderTimeout: logRelay.WALSenderTimeout,
 				StandbyInterval: logRelay.StandbyInterval, HandOffAfter: logRelay.HandOffAfter,
 			},
@@ -265,9 +265,6 @@ func (c *Config) Validate() error {
 		if d.v <= 0 {
 			bad(d.field, "must be a positive duration such as 1s")
 		}
-	}
-	if r.Log.WALSenderTimeout < 0 {
-		bad("relay.log.wal_sender_timeout", "is negative (0 keeps the server's setting)")
 	}
 	if r.StartupTimeout < 0 {
 		bad("relay.startup_timeout", "is negative (0 waits for the database and the broker as long as it takes)")
@@ -380,17 +377,13 @@ func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options 
 // LogRelayOptions converts the relay section for the log relay.
 func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) walrelay.Options {
 	r := c.Relay
-	wst := r.Log.WALSenderTimeout
-	if wst == 0 {
-		wst = -1 // keep the server's
-	}
 	return walrelay.Options{
 		Store: c.StoreConfig(), Slot: walrelay.Slot{Name: r.Log.Slot, Publication: r.Log.Publication},
-		CreateSlot: r.Log.CreateSlot, Lanes: r.Lanes, MaxInFlight: r.Log.MaxInFlight,
+		ManualSlot: !r.Log.CreateSlot, Lanes: r.Lanes, MaxInFlight: r.Log.MaxInFlight,
 		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
 		RetryBackoff:   core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
 		StatusInterval: r.Log.StatusInterval, ReceiveTimeout: r.Log.ReceiveTimeout,
-		WALSenderTimeout: wst, StandbyInterval: r.Log.StandbyInterval, HandOffAfter: r.Log.HandOffAfter,
+		WALSenderTimeout: r.Log.WALSenderTimeout, StandbyInterval: r.Log.StandbyInterval, HandOffAfter: r.Log.HandOffAfter,
 		Logger: log, Observer: obs,
 	}
 }

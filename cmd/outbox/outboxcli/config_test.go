@@ -153,3 +153,30 @@ func TestValidateNamesFields(t *testing.T) {
 		t.Fatalf("defaults with a database URL should be valid: %v", err)
 	}
 }
+
+// The log relay's settings mean in the file what they mean in
+// walrelay.Options: 0 is the default, a negative wal_sender_timeout keeps
+// the server's, create_slot false is ManualSlot.
+func TestLogRelaySettingsMeanWhatTheLibrarySays(t *testing.T) {
+	for _, tc := range []struct {
+		yaml   string
+		wst    time.Duration
+		manual bool
+	}{
+		{"relay:\n  log:\n    wal_sender_timeout: 0s\n", 10 * time.Second, false},
+		{"relay:\n  log:\n    wal_sender_timeout: -1s\n", -time.Second, false},
+		{"relay:\n  log:\n    wal_sender_timeout: 3s\n    create_slot: false\n", 3 * time.Second, true},
+	} {
+		c, _, err := load(t, "broker: gochannel\n"+tc.yaml, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		o, err := c.LogRelayOptions(nil, nil).WithDefaults()
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if o.WALSenderTimeout != tc.wst || o.ManualSlot != tc.manual {
+			t.Errorf("%q: WALSenderTimeout %s ManualSlot %v, want %s %v", tc.yaml, o.WALSenderTimeout, o.ManualSlot, tc.wst, tc.manual)
+		}
+	}
+}

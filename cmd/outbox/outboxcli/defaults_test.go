@@ -64,7 +64,7 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 		{"relay.log.receive_timeout", lr.ReceiveTimeout, d.Relay.Log.ReceiveTimeout, true},
 		{"relay.log.wal_sender_timeout", lr.WALSenderTimeout, d.Relay.Log.WALSenderTimeout, true},
 		{"relay.log.standby_interval", lr.StandbyInterval, d.Relay.Log.StandbyInterval, true},
-		{"relay.log.create_slot", true, d.Relay.Log.CreateSlot, true},
+		{"relay.log.create_slot", !lr.ManualSlot, d.Relay.Log.CreateSlot, true},
 		{"relay.log.handoff_after", lr.HandOffAfter, d.Relay.Log.HandOffAfter, true},
 	}
 	readme := readmeDefaults(t)
