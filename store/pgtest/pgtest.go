@@ -112,3 +112,42 @@ func Logical(t testing.TB) {
 	}
 	t.Skipf("the test server has wal_level=%s; the log relay needs logical (`make test` starts such a server)", level)
 }
+
+// Process is a relay process's view of the test server: a pool of its
+// own whose sessions carry a name, so that Kill can end them as a crash
+// of the process would.
+type Process struct {
+	Pool *pgxpool.Pool
+	Name string // application_name of its sessions; give it to replication connections too
+}
+
+// NewProcess opens a pool of conns connections named after the test and
+// a random suffix, closed at cleanup.
+func NewProcess(t testing.TB, conns int32) *Process {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatalf("parse %s: %v", EnvURL, err)
+	}
+	p := &Process{Name: "outbox-test-" + randomHex(6)}
+	cfg.MaxConns = conns
+	cfg.ConnConfig.RuntimeParams["application_name"] = p.Name
+	if p.Pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	t.Cleanup(p.Pool.Close)
+	return p
+}
+
+// Kill ends every session of the process, through admin: open
+// transactions roll back and replication connections drop, as when the
+// process dies. The caller then stops the process without letting it
+// record anything.
+func (p *Process) Kill(t testing.TB, admin *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", p.Name); err != nil {
+		t.Fatalf("terminate %s: %v", p.Name, err)
+	}
+}
