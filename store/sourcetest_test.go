@@ -69,6 +69,20 @@ func (in *tableInstance) Retry(ctx context.Context, agg string) error {
 	return err
 }
 
+func (in *tableInstance) Held(ctx context.Context, agg string) ([]string, error) {
+	return heldIDs(ctx, in.s, agg)
+}
+
+// heldIDs lists an aggregate's held events through the store's inspection.
+func heldIDs(ctx context.Context, st *store.Store, agg string) ([]string, error) {
+	evs, err := st.Events(ctx, store.EventsOptions{State: store.StateHeld, AggregateID: agg})
+	ids := make([]string, len(evs))
+	for i, e := range evs {
+		ids[i] = e.ID
+	}
+	return ids, err
+}
+
 func (in *tableInstance) ReadAhead() int {
 	return tableSourceOptions.BatchSize * tableSourceOptions.Claimers
 }

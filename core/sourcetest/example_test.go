@@ -29,7 +29,7 @@ func TestMemstoreSource(t *testing.T) { sourcetest.Run(t, memSource{}) }
 type memSource struct{}
 
 func (memSource) Open(t *testing.T) sourcetest.Instance {
-	return &memInstance{st: memstore.New(), aggs: map[int64]string{}}
+	return &memInstance{st: memstore.New(), aggs: map[int64]string{}, ids: map[int64]string{}}
 }
 
 var memOptions = core.Options{
@@ -42,7 +42,8 @@ var memOptions = core.Options{
 type memInstance struct {
 	st   *memstore.Store
 	mu   sync.Mutex
-	aggs map[int64]string // aggregate of each id
+	aggs map[int64]string // aggregate of each seq
+	ids  map[int64]string // event id of each seq
 }
 
 func (in *memInstance) Write(_ context.Context, events []core.Event) error {
@@ -50,7 +51,7 @@ func (in *memInstance) Write(_ context.Context, events []core.Event) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for i, id := range ids {
-		in.aggs[id] = events[i].AggregateID
+		in.aggs[id], in.ids[id] = events[i].AggregateID, events[i].ID
 	}
 	return nil
 }
@@ -78,6 +79,18 @@ func (in *memInstance) Retry(_ context.Context, agg string) error {
 		}
 	}
 	return nil
+}
+
+func (in *memInstance) Held(_ context.Context, agg string) ([]string, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var ids []string
+	for _, seq := range in.st.Pending() {
+		if in.aggs[seq] == agg && in.st.Held(seq) {
+			ids = append(ids, in.ids[seq])
+		}
+	}
+	return ids, nil
 }
 
 func (in *memInstance) ReadAhead() int { return memOptions.BatchSize * memOptions.Claimers }

@@ -41,6 +41,9 @@ type Instance interface {
 	// Start starts a relay of the source, publishing to pub and reporting
 	// to obs. The suite stops or kills every relay it starts.
 	Start(t *testing.T, pub core.Publisher, obs core.Observer) Relay
+	// Held lists the ids of an aggregate's events held by a permanent
+	// failure, as an operator sees them (`outbox events --state held`).
+	Held(ctx context.Context, aggregateID string) ([]string, error)
 	// Retry releases the held events of an aggregate, as `outbox retry`
 	// does.
 	Retry(ctx context.Context, aggregateID string) error
@@ -341,6 +344,14 @@ func testHold(t *testing.T, in Instance) {
 	} else {
 		waitFor(t, "the later events (unordered: nothing waits)", func() bool { return delivered(b, late) })
 	}
+	// An operator sees the held event, and only it, before retrying.
+	waitFor(t, "the failed event to be recorded held", func() bool {
+		held, err := in.Held(context.Background(), "x")
+		if err != nil {
+			t.Fatalf("list held events: %v", err)
+		}
+		return slices.Equal(held, []string{bad})
+	})
 	b.setFail(bad, nil)
 	if err := in.Retry(context.Background(), "x"); err != nil {
 		t.Fatalf("retry: %v", err)
@@ -356,6 +367,7 @@ func testKills(t *testing.T, in Instance) {
 	b := &broker{}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	start := time.Now()
 	wg.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
 			w.write(1+i%4, fmt.Sprintf("k%d", i%5), fmt.Sprintf("k%d", (i+2)%5))
@@ -370,6 +382,7 @@ func testKills(t *testing.T, in Instance) {
 	}
 	cancel()
 	wg.Wait()
+	writing := time.Since(start)
 	r := in.Start(t, b, nil)
 	defer stop(t, r)
 	committed := w.committed()
@@ -379,7 +392,9 @@ func testKills(t *testing.T, in Instance) {
 	}
 	waitFor(t, "every committed event to be delivered", func() bool { return delivered(b, ids) })
 	dups := checkRecord(t, in, committed, b.events())
-	t.Logf("%d events, %d redelivered over %d kills", len(committed), dups, kills)
+	rate := float64(len(committed)) / writing.Seconds()
+	t.Logf("%d events written in %s (%.0f/s), %d redelivered over %d kills: %.0f per kill, %.2fs of writes",
+		len(committed), writing.Round(time.Millisecond), rate, dups, kills, float64(dups)/kills, float64(dups)/kills/rate)
 }
 
 // A broker that takes nothing: the relay reads at most its read-ahead

@@ -85,6 +85,15 @@ func (in *logInstance) Retry(ctx context.Context, agg string) error {
 	return err
 }
 
+func (in *logInstance) Held(ctx context.Context, agg string) ([]string, error) {
+	evs, err := in.st.Events(ctx, store.EventsOptions{State: store.StateHeld, AggregateID: agg})
+	ids := make([]string, len(evs))
+	for i, e := range evs {
+		ids[i] = e.ID
+	}
+	return ids, err
+}
+
 func (in *logInstance) ReadAhead() int { return logReadAhead }
 func (in *logInstance) Ordered() bool  { return true }
 
