@@ -250,6 +250,9 @@ func (r *Relay) Stop(ctx context.Context) error {
 	}
 }
 
+// Options returns the relay's options with defaults filled in.
+func (r *Relay) Options() Options { return r.opts }
+
 // Wake makes the relay claim now instead of waiting out its poll interval.
 func (r *Relay) Wake() {
 	select {

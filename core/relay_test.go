@@ -604,3 +604,19 @@ func TestPermanentRejectionIsNotBrokerDown(t *testing.T) {
 	r.Wake()
 	waitFor(t, "the next event to be published", func() bool { return published.has(id) })
 }
+
+// Options reports the effective values, defaults filled in, so that code
+// built around a relay (a readiness check, a log line) reads them once.
+func TestOptionsHaveDefaults(t *testing.T) {
+	r, err := core.New(memstore.New(), pubFunc(func(context.Context, *core.Event) error { return nil }), core.Options{Lanes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := core.Options{Lanes: 3}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Options(); got.Lanes != 3 || got.BatchSize != want.BatchSize || got.StaleAfter != want.StaleAfter || got.Logger == nil {
+		t.Errorf("Options() = %+v, want the defaults filled in around Lanes 3", got)
+	}
+}

@@ -50,10 +50,6 @@ func NewPair(pool *pgxpool.Pool, pub core.Publisher, opts Options, table core.Op
 	if err != nil {
 		return nil, fmt.Errorf("new log relay pair: table relay: %w", err)
 	}
-	eff, err := table.WithDefaults()
-	if err != nil {
-		return nil, fmt.Errorf("new log relay pair: table relay: %w", err)
-	}
 	if user := opts.HandedOff; user != nil {
 		opts.HandedOff = func() { tableRelay.Wake(); user() }
 	} else {
@@ -63,7 +59,7 @@ func NewPair(pool *pgxpool.Pool, pub core.Publisher, opts Options, table core.Op
 	if err != nil {
 		return nil, fmt.Errorf("new log relay pair: %w", err)
 	}
-	return &Pair{Log: logRelay, Table: tableRelay, staleAfter: eff.StaleAfter}, nil
+	return &Pair{Log: logRelay, Table: tableRelay, staleAfter: tableRelay.Options().StaleAfter}, nil
 }
 
 // Run runs both relays until ctx ends, then stops both (each drains and
