@@ -74,7 +74,8 @@ func handOffPrefix(schema, table string) string {
 // handed off and follows the command's rows through the table; a relay
 // that learned of it later (by polling) could publish such an event ahead
 // of them. With wal_level below logical the message is written and never
-// read.
+// read. The third column reads n only so that it runs: PostgreSQL skips a
+// WITH query nothing refers to, unless it modifies data.
 func (s *Store) handingOff(update string) string {
 	return `WITH u AS (` + update + `),
 n AS (SELECT pg_logical_emit_message(true, ` + s.n.HandOffPrefixLiteral + `, json_agg(DISTINCT aggregate_id)::text) FROM u HAVING count(*) > 0)

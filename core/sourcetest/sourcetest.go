@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -135,11 +136,7 @@ func (w *writer) write(n int, aggs ...string) []string {
 func (w *writer) committed() map[string]body {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make(map[string]body, len(w.ids))
-	for k, v := range w.ids {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(w.ids)
 }
 
 // broker records what it took, in order, and can fail or stall.

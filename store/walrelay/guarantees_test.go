@@ -668,14 +668,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	}
 	// A row parked before the outbox moved to log mode is not in the
 	// slot's stream, nor handed off when the slot is created.
-	seqOf := func(id string) store.Selector {
-		t.Helper()
-		var seq int64
-		if err := e.pool.QueryRow(ctx, `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
-			t.Fatal(err)
-		}
-		return store.Selector{Seqs: []int64{seq}}
-	}
+	seqOf := e.selectorOf
 	a, b := uuid.NewString(), uuid.NewString()
 	parked := e.write(true, b, 0, 1)
 	if _, err := st.Park(ctx, seqOf(parked[0]), "look"); err != nil {
@@ -747,14 +740,7 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			bySeq := func(id string) store.Selector {
-				t.Helper()
-				var seq int64
-				if err := e.pool.QueryRow(ctx, `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
-					t.Fatal(err)
-				}
-				return store.Selector{Seqs: []int64{seq}}
-			}
+			bySeq := e.selectorOf
 			agg := uuid.NewString()
 			// Parked before the slot exists, so neither the stream nor
 			// the slot's creation hands it off.
@@ -777,18 +763,15 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 				d := pub.distinct()
 				return d[parked] == 1 && d[afterUnpark] == 1
 			})
-			if table {
-				waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
-				if n, err := st.Replay(ctx, bySeq(first), store.ReplayOptions{}); err != nil || n != 1 {
-					t.Fatalf("replay: %d, %v", n, err)
-				}
-			} else {
-				// A log-only event has a row once handed off; replay the
-				// unparked one, which has one.
-				waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
-				if n, err := st.Replay(ctx, bySeq(parked), store.ReplayOptions{}); err != nil || n != 1 {
-					t.Fatalf("replay: %d, %v", n, err)
-				}
+			// A log-only event has a row only once handed off: with
+			// messages, replay the unparked row.
+			replayed := first
+			if !table {
+				replayed = parked
+			}
+			waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
+			if n, err := st.Replay(ctx, bySeq(replayed), store.ReplayOptions{}); err != nil || n != 1 {
+				t.Fatalf("replay: %d, %v", n, err)
 			}
 			afterReplay := e.write(table, agg, 3, 1)[0]
 			waitFor(t, 20*time.Second, "the event after the replay", func() bool { return pub.distinct()[afterReplay] == 1 })
@@ -806,10 +789,6 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 					}
 				}
 				return -1
-			}
-			replayed := first
-			if !table {
-				replayed = parked
 			}
 			if at(parked, 1) > at(afterUnpark, 1) {
 				t.Errorf("the event written after the unpark went out before the unparked one: %v", order)

@@ -251,6 +251,16 @@ func (e *env) write(table bool, agg string, first, n int) []string {
 	return ids
 }
 
+// selectorOf selects the row of event id by its seq.
+func (e *env) selectorOf(id string) store.Selector {
+	e.t.Helper()
+	var seq int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
+		e.t.Fatal(err)
+	}
+	return store.Selector{Seqs: []int64{seq}}
+}
+
 func (e *env) count(where string) int {
 	e.t.Helper()
 	var n int
