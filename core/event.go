@@ -109,6 +109,26 @@ type Rejecter interface {
 	Rejected() []Rejection
 }
 
+// HandOffer is an optional Claim capability of a source that cannot offer
+// an event again, such as a replication stream: an event it gives out is
+// either published or handed off, to a place where it waits and is offered
+// again (the outbox table), never left pending. The relay calls both
+// methods from the event's lane, so one aggregate's hand-offs happen in its
+// order; a failed hand-off is retried with ErrorBackoff until it succeeds
+// or the relay stops. For such a claim a transient publish failure is
+// retried in place (see Options.HandOffAfter) and Complete gets no
+// failures: the hand-offs have recorded them.
+type HandOffer interface {
+	// MustHandOff reports whether e goes to the hand-off place instead of
+	// the broker: an earlier event of its aggregate waits there, or e is
+	// not due yet, or it cannot be published at all.
+	MustHandOff(ctx context.Context, e *Event) (bool, error)
+	// HandOff hands e off: held with f's reason (retried at f.RetryAt
+	// when set), or, with f nil, as the source decides (waiting, or held
+	// when it cannot be published at all).
+	HandOff(ctx context.Context, e *Event, f *Failure) error
+}
+
 // Rejection is a claimed row that cannot be relayed. Event holds what could
 // be read; its Payload is nil.
 type Rejection struct {

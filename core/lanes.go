@@ -1,6 +1,7 @@
 package core
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -28,12 +29,14 @@ const (
 	stPublished               // the broker has it; recorded when its claim is
 	stFailed                  // the publish failed; recorded as a failure
 	stLeft                    // not attempted, or cancelled: stays pending
+	stHandedOff               // handed off by the claim (HandOffer); failed if its err is set
 )
 
 // batch is one open claim and the fate of each of its events.
 type batch struct {
 	seq       uint64 // claims are numbered in the order they were made
 	claim     Claim
+	handOffer HandOffer // set when claim is one: its events are handed off, never left
 	events    []Event
 	rejected  []Rejection
 	states    []state
@@ -201,22 +204,16 @@ func (l *lanes) take() (item, bool) {
 	return it, true
 }
 
-// finish records the outcome of a publish: err nil for published, cancel
-// for one cut off by a hard stop (left pending). In ordered mode a failure
-// lets the aggregate's queued events go, so none passes the failed one.
-func (l *lanes) finish(it item, err error, cancel bool) {
+// finish records the outcome st of a publish; err is the failure
+// recorded with it, if any. In ordered mode an event failed or left lets
+// its aggregate's queued events go, so none passes it; a handed-off one
+// does not: the claim hands the aggregate's next events off after it.
+func (l *lanes) finish(it item, st state, err error) {
 	var resolved []*batch
 	l.mu.Lock()
 	b := it.b
-	switch {
-	case cancel:
-		b.states[it.i] = stLeft
-	case err != nil:
-		b.states[it.i] = stFailed
-		b.errs[it.i] = err
-	default:
-		b.states[it.i] = stPublished
-	}
+	b.states[it.i] = st
+	b.errs[it.i] = err
 	if done := l.resolve(b); done {
 		resolved = append(resolved, b)
 	}
@@ -225,7 +222,7 @@ func (l *lanes) finish(it item, err error, cancel bool) {
 		q := l.queues[key]
 		q.busy, q.busyB = false, nil
 		delete(l.stalled, key)
-		if err != nil || cancel {
+		if st == stFailed || st == stLeft {
 			resolved = append(resolved, l.letGo(q, 0)...)
 			l.cutFrom[key] = l.claimSeq + 1
 		}
@@ -282,7 +279,9 @@ func (l *lanes) relieve(after time.Duration) {
 	l.mu.Lock()
 	now := time.Now()
 	for key, q := range l.queues {
-		if !q.busy || now.Sub(q.since) < after {
+		// A claim that hands off cannot leave an event pending: its
+		// stalled aggregate holds reading back instead.
+		if !q.busy || now.Sub(q.since) < after || q.busyB.handOffer != nil {
 			continue
 		}
 		for i, it := range q.items {
@@ -306,17 +305,26 @@ func (l *lanes) letGoAll() {
 	var resolved []*batch
 	l.mu.Lock()
 	for key, q := range l.queues {
+		if len(q.items) > 0 && q.items[0].b.handOffer != nil {
+			// Its events cannot be left pending: they are published or
+			// handed off, until a hard stop cuts the lanes short.
+			continue
+		}
 		resolved = append(resolved, l.letGo(q, 0)...)
 		if !q.busy {
 			delete(l.queues, key)
 		}
 	}
-	resolved = append(resolved, l.letGo(l.all, 0)...)
-	l.ready = l.ready[:0]
-	for _, q := range l.queues {
-		q.inReady = false
+	if len(l.all.items) == 0 || l.all.items[0].b.handOffer == nil {
+		resolved = append(resolved, l.letGo(l.all, 0)...)
 	}
-	l.all.inReady = false
+	l.ready = slices.DeleteFunc(l.ready, func(q *queue) bool {
+		if len(q.items) == 0 {
+			q.inReady = false
+			return true
+		}
+		return false
+	})
 	l.mu.Unlock()
 	for _, b := range resolved {
 		l.drop(b)

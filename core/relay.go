@@ -43,6 +43,13 @@ type Options struct {
 	// ErrorBackoff paces the loop after a claim, complete or whole-batch
 	// failure (database or broker down); default 100ms doubling to 30s.
 	ErrorBackoff Backoff
+	// HandOffAfter applies to sources whose claims hand events off (see
+	// HandOffer): a transiently failing event is retried in place, holding
+	// its aggregate back, and handed off after this many failures if other
+	// events were published meanwhile or the publisher answers its ping.
+	// A broker that takes nothing is an outage: the event stays in place
+	// and reading pauses. Default 8; -1 never hands off.
+	HandOffAfter int
 	// ProbeInterval is how often the relay pings the store and the
 	// publisher (those that implement Pinger) while it backs off after a
 	// failure. Once a ping has failed, the first round in which every ping
@@ -91,6 +98,7 @@ func (o Options) WithDefaults() (Options, error) {
 		{"StaleAfter", "not negative", o.StaleAfter < 0},
 		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
 		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
+		{"HandOffAfter", "-1 (never), 0 (the default) or more", o.HandOffAfter < -1},
 	}
 	for _, c := range checks {
 		if c.bad {
@@ -110,6 +118,7 @@ func (o Options) WithDefaults() (Options, error) {
 	def(&o.BatchSize, 500)
 	def(&o.Lanes, 64)
 	def(&o.Claimers, 4)
+	def(&o.HandOffAfter, 8)
 	defDur(&o.PollInterval, time.Second)
 	defDur(&o.PublishTimeout, 30*time.Second)
 	defDur(&o.ShutdownTimeout, 30*time.Second)
@@ -144,7 +153,10 @@ type Relay struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	progress atomic.Int64 // unix nanos of the last cycle that reached the store
-	startAt  atomic.Int64 // unix nanos of Start; Ready's grace before the first cycle
+	// published is when a publish last succeeded (unix nanos), which
+	// tells one failing event from a broker that takes nothing.
+	published atomic.Int64
+	startAt   atomic.Int64 // unix nanos of Start; Ready's grace before the first cycle
 
 	// Set up by loop: the queues, a slot per open claim, the open batches
 	// and how the recorded ones went.
@@ -540,7 +552,8 @@ func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err err
 	for _, rej := range rejected {
 		r.log.Warn("event held: the row cannot be relayed", "event_seq", rej.Event.Seq, "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
 	}
-	b := &batch{seq: seq, claim: claim, events: events, rejected: rejected,
+	h, _ := claim.(HandOffer)
+	b := &batch{seq: seq, claim: claim, handOffer: h, events: events, rejected: rejected,
 		states: make([]state, len(events)), errs: make([]error, len(events)), remaining: len(events)}
 	r.open.Add(1)
 	if !r.lanes.add(b) {
@@ -557,22 +570,123 @@ func (r *Relay) work(ctx context.Context) {
 			return
 		}
 		e := &it.b.events[it.i]
+		switch {
+		case ctx.Err() != nil:
+			r.lanes.finish(it, stLeft, nil) // a hard stop: leave it pending
+		case it.b.handOffer != nil:
+			st, err := r.publishOrHandOff(ctx, it.b.handOffer, e)
+			r.lanes.finish(it, st, err)
+		default:
+			err := r.publish(ctx, e)
+			// Cancelled by a hard stop: not the event's fault; leave it pending.
+			if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				r.lanes.finish(it, stLeft, nil)
+			} else if err != nil {
+				r.lanes.finish(it, stFailed, err)
+			} else {
+				r.lanes.finish(it, stPublished, nil)
+			}
+		}
+	}
+}
+
+// publish makes one publish attempt, bounded by PublishTimeout.
+func (r *Relay) publish(ctx context.Context, e *Event) error {
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+	err := r.pub.Publish(pctx, e)
+	cancel()
+	r.obs.Published(e, time.Since(start), err)
+	switch {
+	case err == nil:
+		r.published.Store(time.Now().UnixNano())
+	case ctx.Err() == nil || !errors.Is(err, ctx.Err()):
+		r.log.Warn("publish failed", "event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID,
+			"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
+	}
+	return err
+}
+
+// publishOrHandOff resolves e of a claim that cannot offer it again: it
+// is published, retried in place through transient failures, or handed
+// off (its error, if any, is the failure recorded with it). stLeft means
+// the relay stopped first.
+func (r *Relay) publishOrHandOff(ctx context.Context, h HandOffer, e *Event) (state, error) {
+	off, ok := retryRecord(ctx, r, "check hand-off", func() (bool, error) { return h.MustHandOff(ctx, e) })
+	switch {
+	case !ok:
+		return stLeft, nil
+	case off:
+		if _, ok := retryRecord(ctx, r, "hand off event", func() (struct{}, error) { return struct{}{}, h.HandOff(ctx, e, nil) }); !ok {
+			return stLeft, nil
+		}
+		return stHandedOff, nil
+	}
+	var firstFailure int64
+	for attempt := 0; ; attempt++ {
+		start := time.Now().UnixNano()
+		err := r.publish(ctx, e)
+		if err == nil {
+			return stPublished, nil
+		}
 		if ctx.Err() != nil {
-			r.lanes.finish(it, nil, true) // a hard stop: leave it pending
-			continue
+			return stLeft, nil
 		}
-		start := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
-		err := r.pub.Publish(pctx, e)
-		cancel()
-		r.obs.Published(e, time.Since(start), err)
-		// Cancelled by a hard stop: not the event's fault; leave it pending.
-		cancelled := err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err())
-		if err != nil && !cancelled {
-			r.log.Warn("publish failed", "event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID,
-				"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
+		if firstFailure == 0 {
+			firstFailure = start
 		}
-		r.lanes.finish(it, err, cancelled)
+		f := Failure{Seq: e.Seq, Reason: err.Error()}
+		if !IsPermanent(err) {
+			e.Attempts++
+			delay := r.opts.RetryBackoff.Delay(attempt)
+			// Failing alone while others are published, or while the
+			// broker answers its ping: this event, not the broker.
+			alone := r.opts.HandOffAfter > 0 && attempt+1 >= r.opts.HandOffAfter &&
+				(r.published.Load() > firstFailure || r.publisherAnswers(ctx))
+			if !alone {
+				if !r.sleep(ctx, delay, false) {
+					return stLeft, nil
+				}
+				continue
+			}
+			f.RetryAt = time.Now().Add(delay)
+		}
+		if _, ok := retryRecord(ctx, r, "hand off event", func() (struct{}, error) { return struct{}{}, h.HandOff(ctx, e, &f) }); !ok {
+			return stLeft, nil
+		}
+		return stHandedOff, err
+	}
+}
+
+// publisherAnswers says whether the publisher, if it can be pinged,
+// answers.
+func (r *Relay) publisherAnswers(ctx context.Context) bool {
+	p, ok := r.pub.(Pinger)
+	if !ok {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.opts.ProbeTimeout)
+	defer cancel()
+	return p.Ping(pctx) == nil
+}
+
+// retryRecord calls f until it succeeds, backing off with ErrorBackoff;
+// ok is false when the relay stopped first.
+func retryRecord[T any](ctx context.Context, r *Relay, what string, f func() (T, error)) (v T, ok bool) {
+	for attempt := 0; ; attempt++ {
+		v, err := f()
+		if err == nil {
+			return v, true
+		}
+		if ctx.Err() != nil {
+			return v, false
+		}
+		wait := r.opts.ErrorBackoff.Delay(attempt)
+		r.obs.Errored("record", err)
+		r.log.Error(what+" failed", "error", err, "retry_in", wait)
+		if !r.sleep(ctx, wait, false) {
+			return v, false
+		}
 	}
 }
 
@@ -582,9 +696,14 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	defer r.open.Done()
 	var done []int64
 	var failed []Failure
+	handedOff := 0 // held or retried by the source: recorded already
 	now := time.Now()
 	for i, st := range b.states {
 		switch st {
+		case stHandedOff:
+			if b.errs[i] != nil {
+				handedOff++
+			}
 		case stPublished:
 			done = append(done, b.events[i].Seq)
 		case stFailed:
@@ -619,7 +738,7 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 		r.outcomes.put(fmt.Errorf("complete batch of %d: %w", len(b.events)+len(b.rejected), err))
 		return
 	}
-	r.obs.Completed(len(done), len(failed), time.Since(start))
+	r.obs.Completed(len(done), len(failed)+handedOff, time.Since(start))
 	r.progress.Store(time.Now().UnixNano())
 	// Nothing went out and the broker gave transient errors: it is likely
 	// down. Back off the loop rather than hammering the broker and the

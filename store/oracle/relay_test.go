@@ -70,10 +70,11 @@ func (d *driver) start() {
 		return
 	}
 	lo := walrelay.Options{
-		Store: d.cfg, Slot: d.slot, Lanes: 4,
-		PublishTimeout: 2 * time.Second, RetryBackoff: retryBackoff, HandOffAfter: 3, ErrorBackoff: errorBackoff,
+		Store: d.cfg, Slot: d.slot,
+		Options: core.Options{Lanes: 4, PublishTimeout: 2 * time.Second, RetryBackoff: retryBackoff, HandOffAfter: 3,
+			ErrorBackoff: errorBackoff, ShutdownTimeout: 2 * time.Second},
 		StandbyInterval: 100 * time.Millisecond, StatusInterval: 100 * time.Millisecond,
-		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second, ShutdownTimeout: 2 * time.Second,
+		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second,
 		ApplicationName: r.name,
 	}
 	pair, err := walrelay.NewPair(r.pool, d.pub, lo, ro)

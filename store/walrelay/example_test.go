@@ -22,7 +22,7 @@ func ExampleNewPair() {
 		return
 	}
 	p, err := walrelay.NewPair(pool, pub,
-		walrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}, Logger: slog.Default()},
+		walrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}, Options: core.Options{Logger: slog.Default()}},
 		core.Options{Logger: slog.Default()})
 	if err != nil {
 		panic(err)

@@ -87,16 +87,19 @@ func (e *env) createSlot() walrelay.Created {
 // opts are fast timers for tests.
 func (e *env) opts() walrelay.Options {
 	return walrelay.Options{
-		Store: e.cfg, Slot: e.slot, Lanes: 8,
-		PublishTimeout:   2 * time.Second,
-		RetryBackoff:     core.Backoff{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-		ErrorBackoff:     core.Backoff{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond},
+		Store: e.cfg, Slot: e.slot,
+		Options: core.Options{
+			Lanes:           8,
+			PublishTimeout:  2 * time.Second,
+			RetryBackoff:    core.Backoff{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+			ErrorBackoff:    core.Backoff{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond},
+			ShutdownTimeout: 5 * time.Second,
+			Logger:          testLogger(e.t),
+		},
 		StandbyInterval:  100 * time.Millisecond,
 		StatusInterval:   100 * time.Millisecond,
 		ReceiveTimeout:   2 * time.Second,
 		WALSenderTimeout: 2 * time.Second,
-		ShutdownTimeout:  5 * time.Second,
-		Logger:           testLogger(e.t),
 	}
 }
 

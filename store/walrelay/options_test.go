@@ -17,7 +17,8 @@ func TestOptionsNameTheFieldOutOfRange(t *testing.T) {
 		set   func(o *walrelay.Options)
 	}{
 		{"Lanes", func(o *walrelay.Options) { o.Lanes = core.MaxLanes + 1 }},
-		{"MarkBatch", func(o *walrelay.Options) { o.MarkBatch = -1 }},
+		{"BatchSize", func(o *walrelay.Options) { o.BatchSize = -1 }},
+		{"Unordered", func(o *walrelay.Options) { o.Unordered = true }},
 		{"HandOffAfter", func(o *walrelay.Options) { o.HandOffAfter = -2 }},
 		{"RetryBackoff", func(o *walrelay.Options) { o.RetryBackoff = core.Backoff{Min: time.Second, Max: time.Millisecond} }},
 		{"ReceiveTimeout", func(o *walrelay.Options) { o.StatusInterval, o.ReceiveTimeout = 5*time.Second, 5*time.Second }},

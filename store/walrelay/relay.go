@@ -30,7 +30,17 @@ type Options struct {
 	// publication and the slot (see CreateSlot), as the binary does.
 	ManualSlot bool
 
-	Lanes int // concurrent publishes, one aggregate per lane; default core.Options' (64), at most core.MaxLanes
+	// Options are the engine's, core's, with their defaults: Lanes,
+	// BatchSize (events per claim from the stream, and rows marked
+	// dispatched per statement), PublishTimeout, RetryBackoff (an event
+	// failing transiently is retried in place, holding its aggregate and
+	// the slot's position back), HandOffAfter (then it moves to the
+	// table, its aggregate's later events following it, and the slot's
+	// position moves past it), ErrorBackoff (also for reconnects),
+	// ShutdownTimeout, Logger and Observer. Unordered is refused: the
+	// log relay keeps each aggregate's order.
+	core.Options
+
 	// MaxInFlight bounds the events read from the slot and not yet done
 	// (published and recorded); past it the relay stops reading, so a
 	// broker outage holds memory still. Default 10000.
@@ -38,25 +48,6 @@ type Options struct {
 	// MaxInFlightBytes bounds their payload and header bytes the same
 	// way; default 64 MiB. One event is always let in.
 	MaxInFlightBytes int
-	// MarkBatch is how many published rows one statement marks
-	// dispatched; default 500.
-	MarkBatch int
-	// PublishTimeout bounds one publish; default core.Options'.
-	PublishTimeout time.Duration
-	// RetryBackoff paces the retries of an event whose publish failed
-	// transiently: it is retried in place, holding its aggregate (and the
-	// slot's position) back; default core.Options' (500ms doubling to 1m).
-	RetryBackoff core.Backoff
-	// HandOffAfter is how many transient failures of one event, while
-	// other events were published meanwhile or the broker answers its
-	// ping (core.Pinger), move it to the table: its
-	// retries go on there (its aggregate's later events following it) and
-	// the slot's position moves past it. A broker that takes nothing is an
-	// outage, which pauses reading instead. Default 8; -1 never.
-	HandOffAfter int
-	// ErrorBackoff paces reconnects and database retries; default
-	// core.Options' (100ms doubling to 30s).
-	ErrorBackoff core.Backoff
 	// StandbyInterval is how often a relay that waits for the slot tries
 	// to take it over; default 1s.
 	StandbyInterval time.Duration
@@ -76,17 +67,12 @@ type Options struct {
 	// it over. Default 10s; negative keeps the server's setting
 	// (PostgreSQL's default is 60s).
 	WALSenderTimeout time.Duration
-	// ShutdownTimeout bounds how long Run lets in-flight events finish
-	// after its context is cancelled; default core.Options'.
-	ShutdownTimeout time.Duration
 	// ApplicationName is the replication connection's application_name;
 	// default "outbox-log-relay".
 	ApplicationName string
 	// HandedOff, when set, is called after the relay handed events to the
 	// table path, to wake its relay (core.Relay.Wake).
 	HandedOff func()
-	Logger    *slog.Logger  // default: discard
-	Observer  core.Observer // default: none
 }
 
 // WithDefaults returns o with every unset field at its default, or an
@@ -102,23 +88,21 @@ func (o Options) WithDefaults() (Options, error) {
 	if o.Slot, err = o.Slot.WithDefaults(o.Store); err != nil {
 		return o, fmt.Errorf("log relay options: %w", err)
 	}
-	badBackoff := func(b core.Backoff) bool { return b != (core.Backoff{}) && (b.Min <= 0 || b.Max < b.Min) }
+	if o.Unordered {
+		return o, errors.New("log relay options: Unordered is invalid, want false: the log relay keeps each aggregate's order")
+	}
+	if o.Options, err = o.Options.WithDefaults(); err != nil {
+		return o, fmt.Errorf("log relay options: %w", err)
+	}
 	checks := []struct {
 		name, want string
 		bad        bool
 	}{
-		{"Lanes", fmt.Sprintf("0 (the default) to %d", core.MaxLanes), o.Lanes < 0 || o.Lanes > core.MaxLanes},
 		{"MaxInFlight", "not negative", o.MaxInFlight < 0},
 		{"MaxInFlightBytes", "not negative", o.MaxInFlightBytes < 0},
-		{"MarkBatch", "0 (the default) to 10000", o.MarkBatch < 0 || o.MarkBatch > 10000},
-		{"HandOffAfter", "-1 (never), 0 (the default) or more", o.HandOffAfter < -1},
-		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
 		{"StandbyInterval", "not negative", o.StandbyInterval < 0},
 		{"StatusInterval", "not negative", o.StatusInterval < 0},
 		{"ReceiveTimeout", "not negative", o.ReceiveTimeout < 0},
-		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
-		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
-		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
 	}
 	for _, c := range checks {
 		if c.bad {
@@ -135,22 +119,12 @@ func (o Options) WithDefaults() (Options, error) {
 			*v = d
 		}
 	}
-	// The table path's defaults, so both modes of one binary agree.
-	table, err := core.Options{}.WithDefaults()
-	if err != nil {
-		return o, fmt.Errorf("log relay options: %w", err)
-	}
-	def(&o.Lanes, table.Lanes)
 	def(&o.MaxInFlight, 10000)
 	def(&o.MaxInFlightBytes, 64<<20)
-	def(&o.MarkBatch, 500)
-	def(&o.HandOffAfter, 8)
-	defDur(&o.PublishTimeout, table.PublishTimeout)
 	defDur(&o.StandbyInterval, time.Second)
 	defDur(&o.StatusInterval, time.Second)
 	defDur(&o.ReceiveTimeout, 15*time.Second)
 	defDur(&o.WALSenderTimeout, 10*time.Second)
-	defDur(&o.ShutdownTimeout, table.ShutdownTimeout)
 	if o.ReceiveTimeout <= o.StatusInterval {
 		return o, fmt.Errorf("log relay options: ReceiveTimeout %s must exceed StatusInterval %s", o.ReceiveTimeout, o.StatusInterval)
 	}
@@ -158,20 +132,8 @@ func (o Options) WithDefaults() (Options, error) {
 		// The server ends a session that sends no status for this long.
 		return o, fmt.Errorf("log relay options: WALSenderTimeout %s must exceed StatusInterval %s", o.WALSenderTimeout, o.StatusInterval)
 	}
-	if o.RetryBackoff == (core.Backoff{}) {
-		o.RetryBackoff = table.RetryBackoff
-	}
-	if o.ErrorBackoff == (core.Backoff{}) {
-		o.ErrorBackoff = table.ErrorBackoff
-	}
 	if o.ApplicationName == "" {
 		o.ApplicationName = "outbox-log-relay"
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.Observer == nil {
-		o.Observer = core.Observers(nil)
 	}
 	return o, nil
 }
@@ -521,13 +483,16 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// stream is one session's reading of the slot: the reader (run) owns the
-// connection; lanes publish; the marker records published rows.
+// stream is one session's reading of the slot. The reader (run) owns the
+// connection and confirms positions; the events it reads wait in the
+// stream's buffer, from which a core.Relay, the engine, claims them (see
+// source.go).
 type stream struct {
 	r         *Relay
 	conn      *pgconn.PgConn
 	tracker   *tracker
 	relations map[uint32]*pglogrepl.RelationMessage
+	engine    *core.Relay
 
 	// reader state
 	txn        *txn
@@ -536,15 +501,12 @@ type stream struct {
 	confirmed  pglogrepl.LSN // the position last sent as flushed
 	statusAt   time.Time     // when a status was last sent
 
-	lanes  []chan *item
-	marks  chan *item
 	freed  chan struct{} // a token whenever an event is done
 	bytes  atomic.Int64  // payload bytes in flight
 	events atomic.Int64
-	// published is when a publish last succeeded (unix nanos).
-	published atomic.Int64
 
-	mu sync.Mutex
+	mu       sync.Mutex
+	buffered []*item // read, not yet claimed
 	// handedOff holds the aggregates whose events go to the table, each
 	// with the transaction whose hand-off notice named it (0 when known
 	// otherwise): the notice can arrive before that transaction is
@@ -569,30 +531,40 @@ type item struct {
 	raw     []byte
 }
 
-func (s *stream) run(ctx context.Context) error {
+func (s *stream) run(ctx context.Context) (err error) {
 	o := s.r.opts
-	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
+	s.freed = make(chan struct{}, 1)
+	engine, err := core.New(s, s.r.pub, o.Options)
+	if err != nil {
+		return fmt.Errorf("start engine: %w", err)
+	}
+	s.engine = engine
+	if err := engine.Start(context.Background()); err != nil {
+		return fmt.Errorf("start engine: %w", err)
+	}
+	stopped := false
 	defer func() {
-		cancel()
-		wg.Wait()
+		if !stopped {
+			// The session failed: what is in flight is dropped with it and
+			// read again by the next one; what the broker took is still
+			// recorded.
+			cut, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = engine.Stop(cut)
+		}
 		s.r.inFlight.Add(-s.events.Load())
 	}()
-	s.freed = make(chan struct{}, 1)
-	s.marks = make(chan *item, o.MaxInFlight+1)
-	s.lanes = make([]chan *item, o.Lanes)
-	for i := range s.lanes {
-		s.lanes[i] = make(chan *item, o.MaxInFlight+1)
-		wg.Go(func() { s.lane(work, s.lanes[i]) })
+	drain := func() error {
+		stopped = true
+		return s.drain()
 	}
-	wg.Go(func() { s.marker(work) })
 
 	confirmAfter := min(o.StatusInterval, confirmEvery)
 	lastRecv := time.Now()
 	nextStatus, nextConfirm := time.Now(), time.Now()
 	for {
 		if ctx.Err() != nil {
-			return s.drain()
+			return drain()
 		}
 		now := time.Now()
 		switch {
@@ -604,7 +576,7 @@ func (s *stream) run(ctx context.Context) error {
 			qcancel()
 			if err != nil {
 				if ctx.Err() != nil {
-					return s.drain()
+					return drain()
 				}
 				if errors.Is(err, ErrNotPublished) {
 					return err
@@ -650,7 +622,7 @@ func (s *stream) run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				// Stopped while waiting for the server: the connection
 				// is still good (only the wait was cut short).
-				return s.drain()
+				return drain()
 			}
 			if pgconn.Timeout(err) {
 				if since := time.Since(lastRecv); since > o.ReceiveTimeout {
@@ -686,22 +658,27 @@ func (s *stream) full() bool {
 	return n > 0 && (n >= int64(s.r.opts.MaxInFlight) || s.bytes.Load() >= int64(s.r.opts.MaxInFlightBytes))
 }
 
-// drain waits, bounded by ShutdownTimeout, for the in-flight events to be
-// done, confirming meanwhile, confirms a last time and ends the stream.
-// It reads nothing from the server, so its statuses keep to the clock,
-// however often events finish: the server ends a session that sends none
-// for wal_sender_timeout, and a confirmation sent after that is lost.
+// drain stops the engine, which finishes the events read (bounded by
+// ShutdownTimeout), confirming meanwhile, confirms a last time and ends
+// the stream. It reads nothing from the server, so its statuses keep to
+// the clock, however often events finish: the server ends a session that
+// sends none for wal_sender_timeout, and a confirmation sent after that is
+// lost.
 func (s *stream) drain() error {
 	o := s.r.opts
-	deadline := time.Now().Add(o.ShutdownTimeout)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		ctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+		defer cancel()
+		_ = s.engine.Stop(ctx)
+	}()
 	tick := time.NewTicker(min(o.StatusInterval, confirmEvery))
 	defer tick.Stop()
-	end := time.NewTimer(o.ShutdownTimeout)
-	defer end.Stop()
-	for s.events.Load() > 0 && time.Now().Before(deadline) {
+	for waiting := true; waiting; {
 		select {
-		case <-s.freed:
-		case <-end.C:
+		case <-stopped:
+			waiting = false
 		case <-tick.C:
 			if pos, _ := s.tracker.position(); pos > s.confirmed || time.Since(s.statusAt) >= o.StatusInterval {
 				_ = s.sendStatus(false)
@@ -803,9 +780,6 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		if s.txn == nil {
 			return errors.New("commit without begin in the replication stream")
 		}
-		if s.txn.events > 0 {
-			s.r.obs.Claimed(s.txn.events, 0)
-		}
 		s.tracker.commit(s.txn, m.TransactionEndLSN)
 		s.txn = nil
 	case *pglogrepl.InsertMessage:
@@ -844,14 +818,17 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 	return nil
 }
 
-// dispatch hands it to the lane of its aggregate.
+// dispatch puts it in the buffer and wakes the engine to claim it.
 func (s *stream) dispatch(_ context.Context, it *item) {
 	it.txn = s.txn
 	s.tracker.add(it.txn)
 	s.events.Add(1)
 	s.bytes.Add(it.size)
 	s.r.inFlight.Add(1)
-	s.lanes[laneOf(it.ev.AggregateID, len(s.lanes))] <- it
+	s.mu.Lock()
+	s.buffered = append(s.buffered, it)
+	s.mu.Unlock()
+	s.engine.Wake()
 }
 
 // finish records it as done: its transaction may now be confirmed.
@@ -866,130 +843,6 @@ func (s *stream) finish(it *item) {
 	case s.freed <- struct{}{}:
 	default:
 	}
-}
-
-// lane publishes its events one after another, in stream order.
-func (s *stream) lane(ctx context.Context, ch <-chan *item) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case it := <-ch:
-			if s.process(ctx, it) {
-				s.finish(it)
-			}
-		}
-	}
-}
-
-// process publishes it, or hands it to the table. It reports whether it
-// is done now; a published row is done once the marker recorded it, and
-// nothing is done when ctx ends first.
-func (s *stream) process(ctx context.Context, it *item) bool {
-	o := s.r.opts
-	if it.bad != nil {
-		return s.hold(ctx, it, core.Permanent(fmt.Errorf("cannot relay event: %w", it.bad)), true)
-	}
-	off, ok := retry(ctx, s, "look up handed-off aggregate", func() (bool, error) { return s.isHandedOff(ctx, it.ev.AggregateID) })
-	if !ok {
-		return false
-	}
-	if off || it.wait || it.deliverAt.After(time.Now()) {
-		// Behind a handed-off event of its aggregate, waiting, or
-		// scheduled: the table path publishes it when due, and the
-		// aggregate's later events follow it there.
-		return s.hold(ctx, it, nil, false)
-	}
-	var firstFailure int64
-	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, o.PublishTimeout)
-		err := s.r.pub.Publish(pctx, &it.ev)
-		cancel()
-		if ctx.Err() != nil {
-			return false // dropped with the session; the next one republishes
-		}
-		s.r.obs.Published(&it.ev, time.Since(start), err)
-		if err == nil {
-			s.published.Store(time.Now().UnixNano())
-			break
-		}
-		if firstFailure == 0 {
-			firstFailure = start.UnixNano()
-		}
-		permanent := core.IsPermanent(err)
-		s.r.log.Warn("publish failed", "event_seq", it.ev.Seq, "event_id", it.ev.ID, "aggregate_id", it.ev.AggregateID,
-			"type", it.ev.Type, "attempt", attempt+1, "permanent", permanent, "error", err)
-		if permanent {
-			return s.hold(ctx, it, err, false)
-		}
-		it.ev.Attempts++
-		delay := o.RetryBackoff.Delay(attempt)
-		// Failing alone while others are published, or while the broker
-		// answers its ping: this event, not the broker. Its retries go on
-		// in the table, so the slot moves on.
-		if o.HandOffAfter > 0 && attempt+1 >= o.HandOffAfter && (s.published.Load() > firstFailure || s.brokerAnswers(ctx)) {
-			it.retryAt = time.Now().Add(delay)
-			return s.hold(ctx, it, err, false)
-		}
-		if !sleep(ctx, delay) {
-			return false
-		}
-	}
-	if it.row {
-		s.marks <- it
-		return false
-	}
-	return true
-}
-
-// brokerAnswers says whether the publisher, if it can be pinged, answers.
-func (s *stream) brokerAnswers(ctx context.Context) bool {
-	p, ok := s.r.pub.(core.Pinger)
-	if !ok {
-		return false
-	}
-	pctx, cancel := context.WithTimeout(ctx, s.r.opts.PublishTimeout)
-	defer cancel()
-	return p.Ping(pctx) == nil
-}
-
-// hold hands it to the table: held with reason when reason is set (the
-// event cannot be published), else pending (behind its aggregate's held
-// event, or scheduled until its deliver_at). Later events of its
-// aggregate follow it there.
-func (s *stream) hold(ctx context.Context, it *item, reason error, rejected bool) bool {
-	retrying := reason != nil && !it.retryAt.IsZero()
-	switch {
-	case retrying:
-		s.r.log.Warn("event handed to the table after failing while others were published; retried there",
-			"event_seq", it.ev.Seq, "event_id", it.ev.ID, "aggregate_id", it.ev.AggregateID, "type", it.ev.Type,
-			"attempts", it.ev.Attempts, "retry_at", it.retryAt, "error", reason)
-	case reason != nil:
-		if rejected {
-			s.r.obs.Rejected(&it.ev, reason)
-		}
-		s.r.log.Warn("event held in the table: it cannot be published", "event_seq", it.ev.Seq, "event_id", it.ev.ID,
-			"aggregate_id", it.ev.AggregateID, "type", it.ev.Type, "error", reason)
-	}
-	_, ok := retry(ctx, s, "hand event to the table", func() (struct{}, error) {
-		return struct{}{}, s.r.sql.handoff(ctx, s.r.pool, s.r.log, s.conn.PID(), it, reason)
-	})
-	if !ok {
-		return false
-	}
-	s.mu.Lock()
-	if _, known := s.handedOff[it.ev.AggregateID]; !known {
-		s.handedOff[it.ev.AggregateID] = 0
-	}
-	s.mu.Unlock()
-	if reason != nil && !retrying {
-		s.r.obs.Completed(0, 1, 0)
-	}
-	if s.r.opts.HandedOff != nil {
-		s.r.opts.HandedOff()
-	}
-	return true
 }
 
 // isHandedOff says whether agg's events go to the table: it has pending
@@ -1043,72 +896,4 @@ func (s *stream) noteHandOff(m *pglogrepl.LogicalDecodingMessage) {
 		s.handedOff[a] = xid
 	}
 	s.mu.Unlock()
-}
-
-// marker marks published rows dispatched, many per statement, and only
-// then counts them done.
-func (s *stream) marker(ctx context.Context) {
-	batch := make([]*item, 0, s.r.opts.MarkBatch)
-	for {
-		batch = batch[:0]
-		select {
-		case <-ctx.Done():
-			return
-		case it := <-s.marks:
-			batch = append(batch, it)
-		}
-	more:
-		for len(batch) < s.r.opts.MarkBatch {
-			select {
-			case it := <-s.marks:
-				batch = append(batch, it)
-			default:
-				break more
-			}
-		}
-		start := time.Now()
-		missing, ok := retry(ctx, s, "mark events dispatched", func() (int, error) {
-			return s.r.sql.mark(ctx, s.r.pool, s.r.log, batch)
-		})
-		if !ok {
-			return
-		}
-		if missing > 0 {
-			s.r.log.Warn("published rows not found to mark; deleted since", "rows", missing)
-		}
-		s.r.obs.Completed(len(batch), 0, time.Since(start))
-		for _, it := range batch {
-			s.finish(it)
-		}
-	}
-}
-
-// retry calls f until it succeeds or ctx ends, backing off; ok is false
-// when ctx ended.
-func retry[T any](ctx context.Context, s *stream, what string, f func() (T, error)) (v T, ok bool) {
-	for attempt := 0; ; attempt++ {
-		v, err := f()
-		if err == nil {
-			return v, true
-		}
-		if ctx.Err() != nil {
-			return v, false
-		}
-		wait := s.r.opts.ErrorBackoff.Delay(attempt)
-		s.r.obs.Errored("record", err)
-		s.r.log.Error("log relay: "+what+" failed", "error", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
-			return v, false
-		}
-	}
-}
-
-// laneOf hashes the aggregate id with FNV-1a, as the table relay does.
-func laneOf(aggregateID string, lanes int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(aggregateID); i++ {
-		h ^= uint32(aggregateID[i])
-		h *= 16777619
-	}
-	return int(h % uint32(lanes))
 }

@@ -374,17 +374,17 @@ func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options 
 	}
 }
 
-// LogRelayOptions converts the relay section for the log relay.
+// LogRelayOptions converts the relay section for the log relay: the
+// engine's options are the table relay's, with the log's own beside them.
 func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) walrelay.Options {
 	r := c.Relay
+	engine := c.RelayOptions(log, obs)
+	engine.HandOffAfter = r.Log.HandOffAfter
 	return walrelay.Options{
 		Store: c.StoreConfig(), Slot: walrelay.Slot{Name: r.Log.Slot, Publication: r.Log.Publication},
-		ManualSlot: !r.Log.CreateSlot, Lanes: r.Lanes, MaxInFlight: r.Log.MaxInFlight,
-		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
-		RetryBackoff:   core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
+		ManualSlot: !r.Log.CreateSlot, Options: engine, MaxInFlight: r.Log.MaxInFlight,
 		StatusInterval: r.Log.StatusInterval, ReceiveTimeout: r.Log.ReceiveTimeout,
-		WALSenderTimeout: r.Log.WALSenderTimeout, StandbyInterval: r.Log.StandbyInterval, HandOffAfter: r.Log.HandOffAfter,
-		Logger: log, Observer: obs,
+		WALSenderTimeout: r.Log.WALSenderTimeout, StandbyInterval: r.Log.StandbyInterval,
 	}
 }
 
