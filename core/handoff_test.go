@@ -1,0 +1,199 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// stream is a source like a replication stream: each event is given out
+// once, and what the relay does not publish it must hand off. Handed-off
+// aggregates stay handed off, so their later events follow.
+type stream struct {
+	mu      sync.Mutex
+	events  []core.Event // not yet claimed
+	offered []int64      // seqs the relay handed off, in order
+	failed  map[int64]core.Failure
+	off     map[string]bool
+	done    []int64
+}
+
+func newStream(evs ...core.Event) *stream {
+	return &stream{events: evs, failed: map[int64]core.Failure{}, off: map[string]bool{}}
+}
+
+func (s *stream) Claim(_ context.Context, req core.ClaimOptions) (core.Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(req.Limit, len(s.events))
+	c := &streamClaim{s: s, events: slices.Clone(s.events[:n])}
+	s.events = s.events[n:]
+	return c, nil
+}
+
+func (s *stream) handedOff() ([]int64, map[int64]core.Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.offered), s.failed
+}
+
+type streamClaim struct {
+	s      *stream
+	events []core.Event
+}
+
+func (c *streamClaim) Events() []core.Event { return c.events }
+
+func (c *streamClaim) Complete(_ context.Context, done []int64, failed []core.Failure) error {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if len(failed) > 0 {
+		return errors.New("a hand-off claim got failures")
+	}
+	c.s.done = append(c.s.done, done...)
+	return nil
+}
+
+func (c *streamClaim) Release(context.Context) error { return nil }
+
+func (c *streamClaim) MustHandOff(_ context.Context, e *core.Event) (bool, error) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.s.off[e.AggregateID], nil
+}
+
+func (c *streamClaim) HandOff(_ context.Context, e *core.Event, f *core.Failure) error {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	c.s.offered = append(c.s.offered, e.Seq)
+	if f != nil {
+		c.s.failed[e.Seq] = *f
+	}
+	c.s.off[e.AggregateID] = true
+	return nil
+}
+
+func streamEvents(aggs ...string) []core.Event {
+	out := make([]core.Event, len(aggs))
+	for i, a := range aggs {
+		out[i] = core.Event{Seq: int64(i + 1), AggregateID: a}
+	}
+	return out
+}
+
+var fastRetry = core.Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond}
+
+// A claim that cannot offer an event again keeps a failing event in
+// place while nothing else is published (an outage), and hands it off
+// after HandOffAfter failures once others are published: its aggregate's
+// later events follow it, in order; a permanent failure goes at once,
+// held; other aggregates are published.
+func TestHandOffKeepsOrderAndTellsOutageFromBadEvent(t *testing.T) {
+	// a1 fails transiently until a2 is out; b1 fails permanently.
+	s := newStream(streamEvents("a", "a", "a", "b", "b", "c")...)
+	var calls atomic.Int64
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error {
+		calls.Add(1)
+		switch e.Seq {
+		case 1:
+			return errors.New("flaky")
+		case 4:
+			return core.Permanent(errors.New("too large"))
+		}
+		out.add(e)
+		return nil
+	})
+	startRelay(t, s, pub, core.Options{BatchSize: 10, HandOffAfter: 3, RetryBackoff: fastRetry, PollInterval: 10 * time.Millisecond})
+	waitFor(t, "five hand-offs", func() bool { off, _ := s.handedOff(); return len(off) == 5 })
+	off, failed := s.handedOff()
+	if want := []int64{1, 2, 3, 4, 5}; !slices.Equal(sorted(off), want) {
+		t.Fatalf("handed off %v, want %v", off, want)
+	}
+	if a := slices.DeleteFunc(slices.Clone(off), func(seq int64) bool { return seq > 3 }); !slices.Equal(a, []int64{1, 2, 3}) {
+		t.Errorf("aggregate a handed off in order %v, want [1 2 3]", a)
+	}
+	if f := failed[1]; f.RetryAt.IsZero() || f.Reason == "" {
+		t.Errorf("transient failure handed off as %+v, want a reason and a retry time", f)
+	}
+	if f := failed[4]; !f.RetryAt.IsZero() || f.Reason == "" {
+		t.Errorf("permanent failure handed off as %+v, want held with a reason", f)
+	}
+	if _, ok := failed[2]; ok {
+		t.Errorf("event 2, only behind a failed one, handed off with a failure")
+	}
+	if got := out.ids(); !slices.Equal(got, []int64{6}) {
+		t.Errorf("published %v, want [6]", got)
+	}
+}
+
+// With every publish failing and no other event going out, the failing
+// event is a sign of an outage: it stays in place, retried, and is
+// published once the broker is back, never handed off.
+func TestOutageKeepsEventsInPlace(t *testing.T) {
+	s := newStream(streamEvents("a", "a", "b")...)
+	var down atomic.Bool
+	down.Store(true)
+	var attempts atomic.Int64
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error {
+		attempts.Add(1)
+		if down.Load() {
+			return errors.New("connection refused")
+		}
+		out.add(e)
+		return nil
+	})
+	startRelay(t, s, pub, core.Options{BatchSize: 10, HandOffAfter: 2, RetryBackoff: fastRetry, PollInterval: 10 * time.Millisecond})
+	waitFor(t, "retries during the outage", func() bool { return attempts.Load() > 20 })
+	down.Store(false)
+	waitFor(t, "every event once the broker is back", func() bool { return len(out.ids()) == 3 })
+	if off, _ := s.handedOff(); len(off) > 0 {
+		t.Errorf("handed off %v during an outage", off)
+	}
+	if got := out.ids(); slices.Index(got, 1) > slices.Index(got, 2) {
+		t.Errorf("published %v: a's events out of order", got)
+	}
+}
+
+// A graceful stop finishes the queued events of a claim that cannot offer
+// them again, instead of leaving them pending.
+func TestStopFinishesEventsThatCannotBeOfferedAgain(t *testing.T) {
+	s := newStream(streamEvents("a", "a", "a", "a")...)
+	started := make(chan struct{}, 4)
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error {
+		started <- struct{}{}
+		time.Sleep(20 * time.Millisecond)
+		out.add(e)
+		return nil
+	})
+	r, err := core.New(s, pub, core.Options{BatchSize: 10, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.ids(); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+		t.Errorf("published %v by the end of a graceful stop, want all four in order", got)
+	}
+}
+
+func sorted(s []int64) []int64 {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
