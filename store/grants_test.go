@@ -292,7 +292,7 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, 'k', 't', '{}', now())", uuid.NewString()); err != nil {
 		t.Errorf("relay hands an event to the table: %v", err)
 	}
-	hc, err := walrelay.HandoffConfig(f.cfg)
+	hc, err := walrelay.HandOffConfig(f.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@
 // crash at any point republishes and never skips. An event the broker
 // rejects permanently is handed to the table, held with its reason; later
 // events of its aggregate follow it there, and the table path (a
-// core.Relay over the store's handoff view, see HandoffConfig) publishes
+// core.Relay over the store's handoff view, see HandOffConfig) publishes
 // them once an operator retries or parks it. One relay holds the slot;
 // others wait and take over when its connection ends.
 package walrelay

@@ -302,7 +302,7 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 				}
 				return nil
 			}}
-			hc, err := walrelay.HandoffConfig(e.cfg)
+			hc, err := walrelay.HandOffConfig(e.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -512,7 +512,7 @@ func TestSlotLifecycle(t *testing.T) {
 		t.Fatalf("status = %+v", st)
 	}
 	pub := &recorder{}
-	hc, _ := walrelay.HandoffConfig(e.cfg)
+	hc, _ := walrelay.HandOffConfig(e.cfg)
 	hst, err := store.New(e.pool, hc, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -667,7 +667,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	}
 	e.createSlot()
 	pub := &recorder{}
-	hc, err := walrelay.HandoffConfig(e.cfg)
+	hc, err := walrelay.HandOffConfig(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

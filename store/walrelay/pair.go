@@ -14,7 +14,7 @@ import (
 
 // Pair is log mode whole, as `outbox relay --mode log` runs it: the log
 // relay reading the slot and, beside it, a table relay over the handoff
-// view (see HandoffConfig) that publishes what the log relay hands to the
+// view (see HandOffConfig) that publishes what the log relay hands to the
 // table: a failing event and its aggregate's later ones, rows committed
 // before the slot existed, an operator's replay, retry or unpark. A
 // service that embeds log mode runs a Pair: a log relay alone leaves
@@ -37,7 +37,7 @@ func NewPair(pool *pgxpool.Pool, pub core.Publisher, opts Options, table core.Op
 	if pool == nil || pub == nil {
 		return nil, errors.New("new log relay pair: pool and publisher are required")
 	}
-	hc, err := HandoffConfig(opts.Store)
+	hc, err := HandOffConfig(opts.Store)
 	if err != nil {
 		return nil, fmt.Errorf("new log relay pair: %w", err)
 	}

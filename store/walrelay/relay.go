@@ -138,11 +138,11 @@ func (o Options) WithDefaults() (Options, error) {
 	return o, nil
 }
 
-// HandoffConfig is the store configuration of the table path of log
+// HandOffConfig is the store configuration of the table path of log
 // mode: a store.Store (and a core.Relay over it) built with it claims
 // only the rows the log relay handed off, through the handoff view of
 // migration 8, and never the rows the log relay publishes itself.
-func HandoffConfig(cfg store.Config) (store.Config, error) {
+func HandOffConfig(cfg store.Config) (store.Config, error) {
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return cfg, err
