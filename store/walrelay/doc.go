@@ -1,7 +1,9 @@
-// Package walrelay is the log relay: it reads committed events from a
+// Package walrelay is the log source: it reads committed events from a
 // PostgreSQL logical replication slot (the pgoutput plugin, through
 // github.com/jackc/pglogrepl) instead of claiming them from the outbox
-// table, and publishes them in commit order per aggregate.
+// table, and runs core's engine over them, which publishes them in commit
+// order per aggregate. This package decodes the stream, manages the slot
+// and confirms positions; lanes, retries and hand-offs are core's.
 //
 // It reads two kinds of event from one stream:
 //
