@@ -379,6 +379,21 @@ func TestWriteNotifiesAtCommit(t *testing.T) {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{cfg.NotifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
+	// Producers wake a relay that sleeps, as an idle one does.
+	st, err := store.New(pool, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, stopListen := context.WithCancel(ctx)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		_ = st.Listen(lctx, func() {})
+	}()
+	defer func() { stopListen(); <-listening }()
+	if err := st.Sleep(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

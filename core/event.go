@@ -160,6 +160,20 @@ type Notifier interface {
 	Listen(ctx context.Context, wake func()) error
 }
 
+// Sleeper is an optional capability of a Notifier whose producers wake a
+// relay only while one sleeps, so that a busy relay costs them nothing:
+// the relay says when it is about to wait for a wake-up, and when it woke.
+type Sleeper interface {
+	// Sleep returns once producers wake the relay and every event
+	// committed without waking it is visible to the next claim, or after
+	// about limit, when producers may still not wake it (another relay is
+	// the sleeper, or a producer's transaction stays open): the relay then
+	// relies on its poll interval.
+	Sleep(ctx context.Context, limit time.Duration) error
+	// Awake ends Sleep's effect: producers stop waking the relay.
+	Awake(ctx context.Context) error
+}
+
 // Pinger is an optional capability of a Store or Publisher: it reports
 // whether the backing server is reachable, for readiness checks. A Ping
 // that cannot ask its server returns an error wrapping

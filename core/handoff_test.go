@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/memstore"
 )
 
 // stream is a source like a replication stream: each event is given out
@@ -196,4 +197,58 @@ func sorted(s []int64) []int64 {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// sleepyStore is a store whose producers wake the relay only while it
+// sleeps; a producer commits silently just as the relay goes to sleep.
+type sleepyStore struct {
+	*memstore.Store
+	mu     sync.Mutex
+	sleeps int
+	awakes int
+	silent func()
+}
+
+func (s *sleepyStore) Listen(ctx context.Context, _ func()) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (s *sleepyStore) Sleep(context.Context, time.Duration) error {
+	s.mu.Lock()
+	s.sleeps++
+	f := s.silent
+	s.silent = nil
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return nil
+}
+
+func (s *sleepyStore) Awake(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.awakes++
+	return nil
+}
+
+// A relay about to wait for a wake-up says so (core.Sleeper), then claims
+// once more: an event that committed without waking it goes out at once,
+// not at the next poll. Woken, it ends the sleep.
+func TestSleepThenClaimOnceMore(t *testing.T) {
+	s := &sleepyStore{Store: memstore.New()}
+	s.silent = func() { s.Add(core.Event{ID: "silent", AggregateID: "a", Type: "t"}) }
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
+	r := startRelay(t, s, pub, core.Options{PollInterval: time.Hour})
+	waitFor(t, "the silent event", func() bool { return len(out.ids()) == 1 })
+	s.Add(core.Event{ID: "woken", AggregateID: "a", Type: "t"})
+	r.Wake()
+	waitFor(t, "the event after a wake-up", func() bool { return len(out.ids()) == 2 })
+	waitFor(t, "the sleep to end on waking and begin again", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.awakes >= 1 && s.sleeps >= 2
+	})
 }

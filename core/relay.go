@@ -336,6 +336,30 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", failures)
 		return r.backoff(ctx, wait, &down)
 	}
+	// Producers wake this relay only while it sleeps (Sleeper): it says
+	// so before each wait, claims once more for what committed before,
+	// and ends it on waking, in the background, beside the next claim.
+	sleeper, _ := r.store.(Sleeper)
+	if _, ok := r.store.(Notifier); !ok || r.opts.DisableWakeups {
+		sleeper = nil
+	}
+	var asleep bool
+	var awaking sync.WaitGroup
+	awake := func() {
+		if !asleep {
+			return
+		}
+		asleep = false
+		awaking.Go(func() {
+			if err := sleeper.Awake(context.WithoutCancel(ctx)); err != nil {
+				r.log.Debug("end sleep", "error", err)
+			}
+		})
+	}
+	defer func() {
+		awake()
+		awaking.Wait()
+	}()
 	for !r.stopping() && ctx.Err() == nil {
 		if !r.ready(ctx) {
 			return
@@ -367,13 +391,24 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		wait := r.opts.PollInterval
 		switch next {
 		case again:
+			awake()
 			continue
 		case truncated:
 			wait = min(wait, truncatedPause)
 		}
+		if sleeper != nil && !asleep && next == idle {
+			awaking.Wait()
+			if err := sleeper.Sleep(ctx, wait); err != nil {
+				r.log.Debug("sleep: producers may not wake this relay until the next poll", "error", err)
+			} else {
+				asleep = true
+				continue // claim what committed without waking anyone
+			}
+		}
 		if !r.sleep(ctx, wait, true) {
 			return
 		}
+		awake()
 	}
 }
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"text/template"
 )
 
@@ -31,3 +32,7 @@ func SetDispatchedScanRows(n int64) (restore func()) {
 	dispatchedScanRows = n
 	return func() { dispatchedScanRows = old }
 }
+
+// CloseSleeper closes the connection Sleep opened, as the end of Listen
+// does, for tests that sleep without listening.
+func (s *Store) CloseSleeper(ctx context.Context) { s.closeSleeper(ctx) }

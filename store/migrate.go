@@ -134,7 +134,7 @@ var lockRules = []struct {
 	{regexp.MustCompile(`^(WITH .* )?UPDATE `), Lock{"ROW EXCLUSIVE", false, "row locks on the rows it changes"}},
 	{regexp.MustCompile(`^VACUUM `), Lock{"SHARE UPDATE EXCLUSIVE", false, "while the table is vacuumed"}},
 	{regexp.MustCompile(`^CREATE VIEW `), Lock{"ACCESS SHARE", false, "brief"}},
-	{regexp.MustCompile(`^(CREATE|DROP) FUNCTION `), Lock{"", false, "a function"}},
+	{regexp.MustCompile(`^(CREATE( OR REPLACE)?|DROP) FUNCTION `), Lock{"", false, "a function"}},
 }
 
 func lockOf(stmt string) (Lock, bool) {

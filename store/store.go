@@ -29,6 +29,7 @@ type Store struct {
 	claimOrdered, claimUnordered string
 	markDone, markFailed         string
 	from                         scanFrom
+	sleeper                      sleeper
 }
 
 // scanFrom is where claims start their scan of pending seqs while a

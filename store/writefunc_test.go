@@ -21,7 +21,7 @@ func writeFunc(cfg store.Config) string {
 
 // The write function is the producer's API for any language: one call in
 // the caller's transaction writes an event as the Go writer does, returns
-// its event_id and wakes the relays at commit.
+// its event_id and wakes a sleeping relay at commit.
 func TestWriteFunction(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := pgtest.Schema(t)
@@ -36,6 +36,11 @@ func TestWriteFunction(t *testing.T) {
 	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{in.cfg.NotifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
+	// Producers wake a relay that sleeps, as an idle one does.
+	if err := in.s.Sleep(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	defer in.s.CloseSleeper(ctx)
 
 	given := uuid.NewString()
 	raw := []byte{0x08, 0x96, 0x01, 0x00, 0xff}
