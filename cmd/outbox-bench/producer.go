@@ -3,6 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/walrelay"
 )
 
@@ -177,13 +184,20 @@ func (b *bench) producerSection(ctx context.Context, rep *report) error {
 		return err
 	}
 	defer drop()
-	orders := ident(cfg.Schema, "orders")
+	// The baseline is a transaction of two business rows, an order and
+	// its line; the variants replace the line with the event.
+	orders, lines := ident(cfg.Schema, "orders"), ident(cfg.Schema, "order_lines")
 	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+orders+` (
     id         BIGSERIAL PRIMARY KEY,
     customer   UUID NOT NULL,
     amount     NUMERIC(12,2) NOT NULL,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
-		return fmt.Errorf("create business table: %w", err)
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+CREATE TABLE `+lines+` (
+    id       BIGSERIAL PRIMARY KEY,
+    order_id BIGINT NOT NULL,
+    sku      TEXT NOT NULL,
+    qty      INT NOT NULL)`); err != nil {
+		return fmt.Errorf("create business tables: %w", err)
 	}
 	pool, err := b.producerPool(ctx)
 	if err != nil {
@@ -208,6 +222,14 @@ func (b *bench) producerSection(ctx context.Context, rep *report) error {
 		_, err := tx.Exec(ctx, insert, aggregateID(i, b.cfg.Aggregates), 42.5)
 		return err
 	}
+	insertLine := `INSERT INTO ` + lines + ` (order_id, sku, qty) VALUES (lastval(), 'sku-1', 1)`
+	twoRows := func(ctx context.Context, tx pgx.Tx, i int64) error {
+		if err := business(ctx, tx, i); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, insertLine)
+		return err
+	}
 	withEvent := func(ctx context.Context, tx pgx.Tx, i int64) error {
 		if err := business(ctx, tx, i); err != nil {
 			return err
@@ -228,7 +250,7 @@ func (b *bench) producerSection(ctx context.Context, rep *report) error {
 	variants := []struct {
 		name string
 		body func(context.Context, pgx.Tx, int64) error
-	}{{"without event", business}, {"with event", withEvent}}
+	}{{nameTwoRows, twoRows}, {nameWithEvent, withEvent}}
 	var level string
 	if err := b.pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
 		return err
@@ -248,7 +270,7 @@ func (b *bench) producerSection(ctx context.Context, rep *report) error {
 		variants = append(variants, struct {
 			name string
 			body func(context.Context, pgx.Tx, int64) error
-		}{"with log-only event", withLogEvent})
+		}{nameWithLogEvent, withLogEvent})
 	} else {
 		b.log.Warn("wal_level is not logical: the log-only producer is not measured", "wal_level", level)
 	}
@@ -262,5 +284,98 @@ func (b *bench) producerSection(ctx context.Context, rep *report) error {
 			rep.Producer = append(rep.Producer, row)
 		}
 	}
-	return nil
+	return b.pgbenchSection(ctx, rep, cfg, orders, lines)
+}
+
+// Names of the producer variants the goals compare.
+const (
+	nameTwoRows         = "two business rows (order, order line)"
+	nameWithEvent       = "order + event (Go writer)"
+	nameWithLogEvent    = "order + log-only event (Go writer)"
+	nameSQLTwoRows      = "two business rows, plain SQL (pgbench)"
+	nameSQLWithEvent    = "order + event, plain SQL INSERT (pgbench)"
+	nameSQLEventDrained = "order + event, plain SQL INSERT, a relay draining (pgbench)"
+)
+
+// pgbenchSection runs the same comparison as plain SQL through pgbench,
+// as a service in any language writes: an order and its line, then an
+// order and an outbox row. No relay runs, as in PostgreSQL's own
+// benchmarks; a last row has a relay draining the outbox meanwhile, so
+// producers pay for the wake-ups a relay that catches up asks for.
+func (b *bench) pgbenchSection(ctx context.Context, rep *report, cfg store.Config, orders, lines string) error {
+	bin, err := exec.LookPath(filepath.Join(os.Getenv("OUTBOX_TEST_PG_BIN"), "pgbench"))
+	if err != nil {
+		if bin, err = exec.LookPath("pgbench"); err != nil {
+			b.log.Warn("pgbench not found: the plain SQL producer comparison is not measured")
+			return nil
+		}
+	}
+	dir, err := os.MkdirTemp("", "outbox-pgbench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	scripts := map[string]string{
+		nameSQLTwoRows: `\set c random(1, 100000)
+BEGIN;
+INSERT INTO ` + orders + ` (customer, amount) VALUES (gen_random_uuid(), 42.5);
+INSERT INTO ` + lines + ` (order_id, sku, qty) VALUES (lastval(), 'sku-1', 1);
+END;
+`,
+		nameSQLWithEvent: `\set c random(1, 100000)
+BEGIN;
+INSERT INTO ` + orders + ` (customer, amount) VALUES (gen_random_uuid(), 42.5);
+INSERT INTO ` + outboxTable(cfg) + ` (aggregate_id, type, payload) VALUES (:c, 'order.placed', '{"amount":"42.50"}');
+END;
+`,
+	}
+	scripts[nameSQLEventDrained] = scripts[nameSQLWithEvent]
+	run := func(name string, clients int) error {
+		file := filepath.Join(dir, fmt.Sprintf("%d.sql", len(name)))
+		if err := os.WriteFile(file, []byte(scripts[name]), 0o600); err != nil {
+			return err
+		}
+		b.settle(ctx)
+		secs := max(1, int(b.cfg.ProducerRun.Seconds()))
+		out, err := exec.CommandContext(ctx, bin, "-n", "-T", fmt.Sprint(secs), "-c", fmt.Sprint(clients), "-j", fmt.Sprint(clients),
+			"-f", file, b.cfg.DatabaseURL).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("pgbench %s: %w: %s", name, err, out)
+		}
+		m := regexp.MustCompile(`(?m)^tps = ([0-9.]+)`).FindSubmatch(out)
+		if m == nil {
+			return fmt.Errorf("pgbench %s: no tps in its output: %s", name, out)
+		}
+		tps, _ := strconv.ParseFloat(string(m[1]), 64)
+		b.log.Info("produced", "variant", name, "producers", clients, "tx_per_sec", int(tps))
+		rep.Producer = append(rep.Producer, producerRow{Name: name, Producers: clients, TxPerSec: tps,
+			MeanTx: time.Duration(float64(clients) / tps * float64(time.Second))})
+		return nil
+	}
+	for _, n := range []int{1, 16} {
+		for _, name := range []string{nameSQLTwoRows, nameSQLWithEvent} {
+			if err := run(name, n); err != nil {
+				return err
+			}
+		}
+	}
+	st, err := store.New(b.pool, cfg, b.log)
+	if err != nil {
+		return err
+	}
+	var drained counter
+	relay, err := core.New(st, &drained, b.relayOptions(false, nil))
+	if err != nil {
+		return err
+	}
+	if err := relay.Start(ctx); err != nil {
+		return err
+	}
+	err = run(nameSQLEventDrained, 16)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if serr := relay.Stop(sctx); err == nil {
+		err = serr
+	}
+	return err
 }

@@ -129,17 +129,26 @@ func (r *report) evaluate() {
 		add("commit-to-delivery p99 at 1,000 events/s, "+l.Path, "< 10 ms",
 			fmt.Sprintf("p99 %s (p50 %s)", fmtDur(l.P99), fmtDur(l.P50)), l.P99 < 10*time.Millisecond && l.Missing == 0)
 	}
-	for _, n := range []int{1, 16} {
-		without, with := r.producer("without event", n), r.producer("with event", n)
-		if without > 0 && with > 0 {
-			drop := 1 - with/without
-			add(fmt.Sprintf("producer cost, %d producer(s)", n), "<= 15% fewer tx/s",
-				fmt.Sprintf("%.0f%% fewer", 100*drop), drop <= 0.15)
-		}
-		if logOnly := r.producer("with log-only event", n); without > 0 && logOnly > 0 {
-			drop := 1 - logOnly/without
-			add(fmt.Sprintf("log-only producer cost, %d producer(s)", n), "<= 10% fewer tx/s",
-				fmt.Sprintf("%.0f%% fewer", 100*drop), drop <= 0.10)
+	// What producers pay: each variant against the transaction of two
+	// business rows it replaces one of, at 1 and 16 producers.
+	producerGoals := []struct {
+		name, base string
+		producers  int
+		want       float64
+	}{
+		{nameWithEvent, nameTwoRows, 1, 0.9},
+		{nameWithEvent, nameTwoRows, 16, 0.75},
+		{nameSQLWithEvent, nameSQLTwoRows, 1, 0.9},
+		{nameSQLWithEvent, nameSQLTwoRows, 16, 0.75},
+		{nameSQLEventDrained, nameSQLTwoRows, 16, 0.75},
+		{nameWithLogEvent, nameTwoRows, 16, 0.9},
+	}
+	for _, g := range producerGoals {
+		base, with := r.producer(g.base, g.producers), r.producer(g.name, g.producers)
+		if base > 0 && with > 0 {
+			x := with / base
+			add(fmt.Sprintf("producer: %s, %d producer(s), vs two business rows", g.name, g.producers),
+				fmt.Sprintf(">= %.2fx", g.want), fmt.Sprintf("%.2fx (%s vs %s tx/s)", x, perSec(with), perSec(base)), x >= g.want)
 		}
 	}
 	if len(r.Backlogs) >= 2 && r.Backlogs[0].ClaimP50 > 0 {
@@ -254,7 +263,7 @@ func (r *report) tables() []table {
 		ts = append(ts, t)
 	}
 	prod("Producer cost of the NOTIFY: one event per transaction, a relay listening", r.Notify)
-	prod("Producer overhead: business transactions with and without an event", r.Producer)
+	prod("What producers pay: a transaction of two business rows, and the same with the second row an event (fsync on)", r.Producer)
 	if len(r.Brokers) > 0 {
 		t := table{Title: "Brokers: relay throughput next to the same Watermill publisher driven directly",
 			Head: []string{"broker", "relay events/s", "direct events/s", "relay/direct", "notes"}}
