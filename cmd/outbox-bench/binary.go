@@ -7,10 +7,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/store"
 )
@@ -167,10 +171,12 @@ func (b *bench) binaryDrainEnv(ctx context.Context, name string, cfg store.Confi
 		}
 	}
 	elapsed := time.Since(start)
+	dbCPU := b.sessionCPU(ctx, relayApplicationName)
 	if err := p.stop(); err != nil {
 		return rate{}, err
 	}
-	r := rate{Name: name, Events: min(got, int64(n)), Elapsed: elapsed, Note: "`outbox relay`, shipped defaults, stdout broker into a pipe"}
+	r := rate{Name: name, Events: min(got, int64(n)), Elapsed: elapsed, Note: "`outbox relay`, shipped defaults, stdout broker into a pipe",
+		RelayCPU: p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime(), DBCPU: dbCPU}
 	switch {
 	case got < int64(n):
 		r.Note += fmt.Sprintf("; stopped after %s with %d of %d written", limit, got, n)
@@ -213,4 +219,58 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.b)
+}
+
+// relayApplicationName starts the application_name of the relay binary's
+// sessions.
+const relayApplicationName = "outbox-relay"
+
+// sessionCPU sums the CPU (user + system, from /proc) that the server
+// processes of the sessions whose application_name starts with app have
+// spent since they started: for a relay started for one drain, its
+// sessions' share of the drain. Zero when the server's processes cannot be
+// read (a server on another machine).
+func (b *bench) sessionCPU(ctx context.Context, app string) time.Duration {
+	rows, err := b.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE $1 || '%'`, app)
+	if err != nil {
+		return 0
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return 0
+	}
+	var total time.Duration
+	for _, pid := range pids {
+		d, ok := procCPU(int(pid))
+		if !ok {
+			return 0
+		}
+		total += d
+	}
+	return total
+}
+
+// procCPU reads a process's user and system time from /proc/<pid>/stat.
+func procCPU(pid int) (time.Duration, bool) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The command name, in parentheses, may hold spaces: count fields
+	// after its closing parenthesis; utime and stime are fields 14 and 15.
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(raw[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	const ticks = 100 // USER_HZ, which Linux fixes at 100 for /proc
+	return time.Duration(utime+stime) * time.Second / ticks, true
 }

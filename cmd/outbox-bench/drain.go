@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -28,6 +30,36 @@ type rate struct {
 	Events  int64
 	Elapsed time.Duration
 	Note    string
+	// CPU the relay process (user + system, from the OS) and PostgreSQL's
+	// sessions of the relay spent over the drain; zero when not measured.
+	RelayCPU, DBCPU time.Duration
+	// Allocs is the heap allocations per event of a relay run in the
+	// benchmark's process (the library rows).
+	Allocs float64
+}
+
+// benchRelayApp is the application_name of the library relays' sessions.
+const benchRelayApp = "outbox-bench-relay"
+
+func rusageCPU(u syscall.Rusage) time.Duration {
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+}
+
+// cpuPer1k formats the CPU per 1,000 events of r: the relay's, then
+// PostgreSQL's for the relay's sessions.
+func (r rate) cpuPer1k() string {
+	if r.RelayCPU == 0 || r.Events == 0 {
+		return "-"
+	}
+	per := func(d time.Duration) string { return fmtDur(d * 1000 / time.Duration(r.Events)) }
+	if r.DBCPU == 0 {
+		return per(r.RelayCPU) + " / -"
+	}
+	out := per(r.RelayCPU) + " / " + per(r.DBCPU)
+	if r.Allocs > 0 {
+		out += fmt.Sprintf("; %.0f allocs per event", r.Allocs)
+	}
+	return out
 }
 
 func (r rate) PerSec() float64 {
@@ -141,7 +173,16 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 		}
 	}()
 	for range replicas {
-		pool, err := openPool(ctx, b.cfg.DatabaseURL, 4, nil)
+		// Named, so that their server processes' CPU can be found.
+		url := b.cfg.DatabaseURL
+		if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
+			sep := "?"
+			if strings.Contains(url, "?") {
+				sep = "&"
+			}
+			url += sep + "application_name=" + benchRelayApp
+		}
+		pool, err := openPool(ctx, url, 4, nil)
 		if err != nil {
 			return drainResult{}, err
 		}
@@ -160,6 +201,12 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 		}
 		relays = append(relays, r)
 	}
+	var usage syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
+	cpuBefore := rusageCPU(usage)
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	mallocs := mem.Mallocs
 	start := time.Now()
 	for _, r := range relays {
 		if err := r.Start(ctx); err != nil {
@@ -168,6 +215,11 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 	}
 	got := waitCount(ctx, obs.done.Load, int64(n), limit)
 	elapsed := time.Since(start)
+	dbCPU := b.sessionCPU(ctx, benchRelayApp)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
+	relayCPU := rusageCPU(usage) - cpuBefore
+	runtime.ReadMemStats(&mem)
+	mallocs = mem.Mallocs - mallocs
 	for _, r := range relays {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		err := r.Stop(sctx)
@@ -176,9 +228,12 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 			return drainResult{}, fmt.Errorf("stop relay: %w", err)
 		}
 	}
-	res := drainResult{rate: rate{Name: name, Events: got, Elapsed: elapsed}, Claims: obs.claimTimes()}
+	res := drainResult{rate: rate{Name: name, Events: got, Elapsed: elapsed, RelayCPU: relayCPU, DBCPU: dbCPU}, Claims: obs.claimTimes()}
 	if got < int64(n) {
 		res.Note = fmt.Sprintf("stopped after %s with %d of %d drained", limit, got, n)
+	}
+	if got > 0 {
+		res.Allocs = float64(mallocs) / float64(got)
 	}
 	b.log.Info("drained", "name", name, "events", got, "took", elapsed.Round(time.Millisecond), "per_sec", int(res.PerSec()))
 	return res, nil

@@ -220,14 +220,14 @@ func (r *report) tables() []table {
 	var ts []table
 	if len(r.Drain) > 0 {
 		t := table{Title: fmt.Sprintf("Drain throughput: backlog of %s events, counting publisher", count(r.Config.Backlog)),
-			Head: []string{"drainer", "events/s", "drained", "time", "vs SQL floor", "notes"}}
+			Head: []string{"drainer", "events/s", "drained", "time", "vs SQL floor", "CPU per 1k events, relay / PostgreSQL", "notes"}}
 		floor, _ := r.drain("SQL floor")
 		for _, d := range r.Drain {
 			vs := "-"
 			if floor.PerSec() > 0 {
 				vs = fmt.Sprintf("%.0f%%", 100*d.PerSec()/floor.PerSec())
 			}
-			t.Rows = append(t.Rows, []string{d.Name, perSec(d.PerSec()), fmt.Sprint(d.Events), fmtDur(d.Elapsed), vs, d.Note})
+			t.Rows = append(t.Rows, []string{d.Name, perSec(d.PerSec()), fmt.Sprint(d.Events), fmtDur(d.Elapsed), vs, d.cpuPer1k(), d.Note})
 		}
 		ts = append(ts, t)
 	}
