@@ -5,6 +5,13 @@
 // database or broker library, so the engine can be tested with the in-memory
 // store in package memstore and driven by any storage or broker adapter.
 //
+// Two sources run on it: the outbox table (package store), whose claims
+// leave an unpublished event pending to be offered again, and the
+// replication stream (package store/walrelay), whose claims cannot offer
+// an event again and hand it off instead (HandOffer). Optional
+// capabilities of a Store (Notifier, Sleeper, Pinger, BacklogReader) and
+// of a Claim (Truncated, Rejecter, HandOffer) add what a source can do.
+//
 // Delivery is at-least-once: an event is marked dispatched only after its
 // publish returned nil, and a crash between the two republishes it.
 // In ordered mode (the default) all events of one aggregate are published one
