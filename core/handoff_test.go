@@ -252,3 +252,42 @@ func TestSleepThenClaimOnceMore(t *testing.T) {
 		return s.awakes >= 1 && s.sleeps >= 2
 	})
 }
+
+// oneAtATime gives out one event per claim, as a stream read while the
+// relay claims does under load.
+type oneAtATime struct{ *stream }
+
+func (s oneAtATime) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
+	req.Limit = 1
+	return s.stream.Claim(ctx, req)
+}
+
+// Claims that hand off hold nothing open: a failing aggregate whose later
+// events fill more claims than Claimers must not stop the relay claiming
+// other aggregates' events, whose publishes show the broker works and so
+// let the failing event be handed off.
+func TestHandOffClaimsDoNotHoldClaimingBack(t *testing.T) {
+	s := newStream(streamEvents("a", "a", "a", "a", "a", "a")...)
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error {
+		if e.Seq == 1 {
+			return errors.New("flaky")
+		}
+		out.add(e)
+		return nil
+	})
+	startRelay(t, oneAtATime{s}, pub, core.Options{Claimers: 2, HandOffAfter: 2, RetryBackoff: fastRetry, PollInterval: 10 * time.Millisecond})
+	time.Sleep(100 * time.Millisecond) // a's events fill the claims
+	s.mu.Lock()
+	for i := range 3 {
+		s.events = append(s.events, core.Event{Seq: int64(100 + i), AggregateID: "b"})
+	}
+	s.mu.Unlock()
+	waitFor(t, "b's events published, and a's handed off after them", func() bool {
+		off, _ := s.handedOff()
+		return len(off) == 6 && len(out.ids()) == 3
+	})
+	if got := out.ids(); !slices.Equal(got, []int64{100, 101, 102}) {
+		t.Errorf("published %v, want b's three events", got)
+	}
+}

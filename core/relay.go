@@ -24,7 +24,8 @@ type Options struct {
 	// Claimers is how many claims (batches) may be open at once: while one
 	// is published, the next is claimed and the last is recorded. Each open
 	// claim holds a database transaction and connection until its every
-	// event is resolved. Default 4, at most MaxClaimers.
+	// event is resolved; claims that hand off (HandOffer) hold none and
+	// are not counted. Default 4, at most MaxClaimers.
 	Claimers       int
 	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
 	PublishTimeout time.Duration // bound on one publish; default 30s
@@ -157,6 +158,12 @@ type Relay struct {
 	// tells one failing event from a broker that takes nothing.
 	published atomic.Int64
 	startAt   atomic.Int64 // unix nanos of Start; Ready's grace before the first cycle
+	// handsOff is set once a claim was a HandOffer: such claims hold
+	// nothing open, and the source bounds what it reads, so neither the
+	// claims open nor the queued events bound the claiming. A stalled
+	// aggregate would otherwise hold every claim open, and the events
+	// that show the broker takes others would never be claimed.
+	handsOff atomic.Bool
 
 	// Set up by loop: the queues, a slot per open claim, the open batches
 	// and how the recorded ones went.
@@ -421,7 +428,7 @@ func (r *Relay) claimLoop(ctx context.Context) {
 func (r *Relay) ready(ctx context.Context) bool {
 	var tick <-chan time.Time
 	for {
-		if r.lanes.queuedCount() < r.opts.BatchSize {
+		if r.handsOff.Load() || r.lanes.queuedCount() < r.opts.BatchSize {
 			select {
 			case r.slots <- struct{}{}:
 				return true
@@ -590,6 +597,10 @@ func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err err
 	h, _ := claim.(HandOffer)
 	b := &batch{seq: seq, claim: claim, handOffer: h, events: events, rejected: rejected,
 		states: make([]state, len(events)), errs: make([]error, len(events)), remaining: len(events)}
+	if h != nil {
+		r.handsOff.Store(true)
+		<-r.slots // it holds nothing open (see handsOff)
+	}
 	r.open.Add(1)
 	if !r.lanes.add(b) {
 		go r.complete(ctx, b) // nothing for the lanes: rejected rows only, or all let go
@@ -766,7 +777,9 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	start := time.Now()
 	err := b.claim.Complete(rctx, done, failed)
 	r.lanes.closeBatch(b)
-	<-r.slots
+	if b.handOffer == nil {
+		<-r.slots
+	}
 	defer r.lanes.signal()
 	if err != nil {
 		r.obs.Errored("complete", err)
