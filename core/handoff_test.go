@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -203,20 +204,39 @@ func sorted(s []int64) []int64 {
 // sleeps; a producer commits silently just as the relay goes to sleep.
 type sleepyStore struct {
 	*memstore.Store
-	mu     sync.Mutex
-	sleeps int
-	awakes int
-	silent func()
+	mu       sync.Mutex
+	sleeps   int
+	awakes   int
+	asleep   bool
+	notifies int
+	wake     func()
+	silent   func()
 }
 
-func (s *sleepyStore) Listen(ctx context.Context, _ func()) error {
+func (s *sleepyStore) Listen(ctx context.Context, wake func()) error {
+	s.mu.Lock()
+	s.wake = wake
+	s.mu.Unlock()
 	<-ctx.Done()
 	return nil
+}
+
+// write adds an event as a producer does: it wakes the relay only while
+// the relay sleeps.
+func (s *sleepyStore) write(e core.Event) {
+	s.Add(e)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.asleep && s.wake != nil {
+		s.notifies++
+		s.wake()
+	}
 }
 
 func (s *sleepyStore) Sleep(context.Context, time.Duration) error {
 	s.mu.Lock()
 	s.sleeps++
+	s.asleep = true
 	f := s.silent
 	s.silent = nil
 	s.mu.Unlock()
@@ -230,6 +250,7 @@ func (s *sleepyStore) Awake(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.awakes++
+	s.asleep = false
 	return nil
 }
 
@@ -289,5 +310,25 @@ func TestHandOffClaimsDoNotHoldClaimingBack(t *testing.T) {
 	})
 	if got := out.ids(); !slices.Equal(got, []int64{100, 101, 102}) {
 		t.Errorf("published %v, want b's three events", got)
+	}
+}
+
+// A relay whose claims keep finding events claims again shortly instead of
+// sleeping: producers then have no relay to wake, and send no wake-ups.
+func TestSteadyTrafficSendsFewWakeups(t *testing.T) {
+	s := &sleepyStore{Store: memstore.New()}
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
+	startRelay(t, s, pub, core.Options{PollInterval: time.Second})
+	const events = 300
+	for i := range events {
+		s.write(core.Event{ID: fmt.Sprint(i), AggregateID: "a", Type: "t"})
+		time.Sleep(time.Millisecond)
+	}
+	waitFor(t, "every event", func() bool { return len(out.ids()) == events })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.notifies > events/4 {
+		t.Errorf("producers woke the relay %d times over %d events arriving one a millisecond, want few", s.notifies, events)
 	}
 }

@@ -403,7 +403,12 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		case truncated:
 			wait = min(wait, truncatedPause)
 		}
-		if sleeper != nil && !asleep && next == idle {
+		if sleeper != nil && !asleep && next == idle && opened {
+			// Events are arriving: claim again shortly rather than ask
+			// every producer to wake this relay, which would serialize
+			// their commits (see Sleeper). Only an empty claim sleeps.
+			wait = min(wait, lingerPoll)
+		} else if sleeper != nil && !asleep && next == idle {
 			awaking.Wait()
 			if err := sleeper.Sleep(ctx, wait); err != nil {
 				r.log.Debug("sleep: producers may not wake this relay until the next poll", "error", err)
@@ -465,6 +470,13 @@ const (
 	again                 // a full batch: more is waiting, claim at once
 	truncated             // the claim left pending events out (core.Truncated)
 )
+
+// lingerPoll is the wait after a claim that found events but not a full
+// batch, for a relay whose producers wake it only while it sleeps: short
+// next to a commit-to-delivery goal of milliseconds, long enough that a
+// relay keeping up with a steady stream claims a handful of events at a
+// time.
+const lingerPoll = 2 * time.Millisecond
 
 // truncatedPause is the wait after a truncated claim: the store left
 // events out because other relays held earlier events of their aggregates
