@@ -104,7 +104,7 @@ var _ core.Sleeper = (*Store)(nil)
 // most limit for the producers that hold it shared (they wrote without
 // notifying) to commit. A lock it cannot take in time (another relay
 // sleeps, or a producer's transaction stays open) leaves producers
-// notifying or not as they were; the relay polls. limit bounds the wait.
+// notifying or not as they were; the relay polls.
 func (s *Store) Sleep(ctx context.Context, limit time.Duration) error {
 	w := &s.sleeper
 	w.mu.Lock()
