@@ -280,7 +280,7 @@ func (l *lanes) relieve(after time.Duration) {
 	now := time.Now()
 	for key, q := range l.queues {
 		// A claim that hands off cannot leave an event pending: its
-		// stalled aggregate holds reading back instead.
+		// stalled aggregate's events wait, and claiming goes on (handsOff).
 		if !q.busy || now.Sub(q.since) < after || q.busyB.handOffer != nil {
 			continue
 		}

@@ -154,8 +154,9 @@ type Relay struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	progress atomic.Int64 // unix nanos of the last cycle that reached the store
-	// published is when a publish last succeeded (unix nanos), which
-	// tells one failing event from a broker that takes nothing.
+	// published is when a publish of a claim that hands off last
+	// succeeded (unix nanos), which tells one failing event from a broker
+	// that takes nothing.
 	published atomic.Int64
 	startAt   atomic.Int64 // unix nanos of Start; Ready's grace before the first cycle
 	// handsOff is set once a claim was a HandOffer: such claims hold
@@ -655,10 +656,7 @@ func (r *Relay) publish(ctx context.Context, e *Event) error {
 	err := r.pub.Publish(pctx, e)
 	cancel()
 	r.obs.Published(e, time.Since(start), err)
-	switch {
-	case err == nil:
-		r.published.Store(time.Now().UnixNano())
-	case ctx.Err() == nil || !errors.Is(err, ctx.Err()):
+	if err != nil && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
 		r.log.Warn("publish failed", "event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID,
 			"type", e.Type, "attempt", e.Attempts+1, "permanent", IsPermanent(err), "error", err)
 	}
@@ -685,6 +683,7 @@ func (r *Relay) publishOrHandOff(ctx context.Context, h HandOffer, e *Event) (st
 		start := time.Now().UnixNano()
 		err := r.publish(ctx, e)
 		if err == nil {
+			r.published.Store(time.Now().UnixNano())
 			return stPublished, nil
 		}
 		if ctx.Err() != nil {

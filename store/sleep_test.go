@@ -27,16 +27,21 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 	}
 	defer prod.Close(ctx)
 	pid := prod.PgConn().PID()
-	listen, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
+	// A connection that LISTENs on the table's channel.
+	listener := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{in.cfg.NotifyChannel}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
+	listen := listener()
 	defer listen.Close(ctx)
-	if _, err := listen.Exec(ctx, "LISTEN "+pgx.Identifier{in.cfg.NotifyChannel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	insert := "INSERT INTO " + pgx.Identifier{in.cfg.Schema, in.cfg.Table}.Sanitize() +
-		" (aggregate_id, type, payload) VALUES ('agg', 't.x', '{}')"
+	insert := "INSERT INTO " + in.table() + " (aggregate_id, type, payload) VALUES ('agg', 't.x', '{}')"
 	write := func() {
 		t.Helper()
 		if _, err := prod.Exec(ctx, insert); err != nil {
@@ -61,20 +66,15 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 	// fresh one for every wait that must time out.
 	quiet := func(what string) {
 		t.Helper()
-		c, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := listener()
 		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{in.cfg.NotifyChannel}.Sanitize()); err != nil {
-			t.Fatal(err)
-		}
 		write()
 		if fromProducer(c, 300*time.Millisecond) {
 			t.Errorf("%s: a producer notified with no relay asleep", what)
 		}
 	}
 	quiet("before any sleep")
+	defer in.s.CloseSleeper(ctx)
 
 	if err := in.s.Sleep(ctx, time.Second); err != nil {
 		t.Fatal(err)
@@ -141,5 +141,4 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("a sleep limited to 200ms took %s", took)
 	}
-	in.s.CloseSleeper(ctx)
 }

@@ -297,6 +297,9 @@ const (
 	nameSQLEventDrained = "order + event, plain SQL INSERT, a relay draining (pgbench)"
 )
 
+// pgbenchTPS finds the transactions per second in pgbench's report.
+var pgbenchTPS = regexp.MustCompile(`(?m)^tps = ([0-9.]+)`)
+
 // pgbenchSection runs the same comparison as plain SQL through pgbench,
 // as a service in any language writes: an order and its line, then an
 // order and an outbox row. No relay runs, as in PostgreSQL's own
@@ -329,12 +332,16 @@ INSERT INTO ` + outboxTable(cfg) + ` (aggregate_id, type, payload) VALUES (:c, '
 END;
 `,
 	}
-	scripts[nameSQLEventDrained] = scripts[nameSQLWithEvent]
-	run := func(name string, clients int) error {
-		file := filepath.Join(dir, fmt.Sprintf("%d.sql", len(name)))
-		if err := os.WriteFile(file, []byte(scripts[name]), 0o600); err != nil {
+	files := map[string]string{}
+	for i, name := range []string{nameSQLTwoRows, nameSQLWithEvent} {
+		files[name] = filepath.Join(dir, fmt.Sprintf("%d.sql", i))
+		if err := os.WriteFile(files[name], []byte(scripts[name]), 0o600); err != nil {
 			return err
 		}
+	}
+	files[nameSQLEventDrained] = files[nameSQLWithEvent]
+	run := func(name string, clients int) error {
+		file := files[name]
 		b.settle(ctx)
 		secs := max(1, int(b.cfg.ProducerRun.Seconds()))
 		out, err := exec.CommandContext(ctx, bin, "-n", "-T", fmt.Sprint(secs), "-c", fmt.Sprint(clients), "-j", fmt.Sprint(clients),
@@ -342,7 +349,7 @@ END;
 		if err != nil {
 			return fmt.Errorf("pgbench %s: %w: %s", name, err, out)
 		}
-		m := regexp.MustCompile(`(?m)^tps = ([0-9.]+)`).FindSubmatch(out)
+		m := pgbenchTPS.FindSubmatch(out)
 		if m == nil {
 			return fmt.Errorf("pgbench %s: no tps in its output: %s", name, out)
 		}
