@@ -174,6 +174,18 @@ type Sleeper interface {
 	Awake(ctx context.Context) error
 }
 
+// Sharer is an optional Store capability for ordered mode: Share runs for
+// the relay's life, until ctx is done, and divides the store's ordered work
+// between the relays that share it, so that each claims from its own part
+// (the PostgreSQL store: partitions of aggregates, each owned by one relay
+// at a time). It calls wake when this relay's part grows, and reconnects by
+// itself. Sharing only keeps relays out of each other's way: claims must
+// stay disjoint and ordered whatever the parts, as when a relay that lost
+// a part still has claims open in it.
+type Sharer interface {
+	Share(ctx context.Context, wake func()) error
+}
+
 // Pinger is an optional capability of a Store or Publisher: it reports
 // whether the backing server is reachable, for readiness checks. A Ping
 // that cannot ask its server returns an error wrapping

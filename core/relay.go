@@ -38,6 +38,12 @@ type Options struct {
 	// DisableWakeups ignores the store's Notifier and relies on polling,
 	// as behind PgBouncer in transaction pooling mode.
 	DisableWakeups bool
+	// DisableSharing ignores the store's Sharer in ordered mode: the
+	// relay claims from all of the store's work, still disjoint and in
+	// order, but in the way of the other replicas. Set it where the
+	// store's sharing cannot work, as behind PgBouncer in transaction
+	// pooling mode, which does not keep session locks.
+	DisableSharing bool
 	// RetryBackoff paces retries of an event whose publish failed
 	// transiently; default 500ms doubling to 1m.
 	RetryBackoff Backoff
@@ -313,6 +319,17 @@ func (r *Relay) loop(ctx context.Context) {
 			}
 		}()
 		defer func() { cancel(); <-listening }()
+	}
+	if sh, ok := r.store.(Sharer); ok && !r.opts.Unordered && !r.opts.DisableSharing {
+		sctx, cancel := context.WithCancel(ctx)
+		sharing := make(chan struct{})
+		go func() {
+			defer close(sharing)
+			if err := sh.Share(sctx, r.Wake); err != nil && sctx.Err() == nil {
+				r.log.Warn("sharing stopped; claiming from all of the store's work", "error", err)
+			}
+		}()
+		defer func() { cancel(); <-sharing }()
 	}
 	r.lanes = newLanes(!r.opts.Unordered, r.opts.BatchSize, func(b *batch) { go r.complete(ctx, b) })
 	r.slots = make(chan struct{}, r.opts.Claimers)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +35,17 @@ type Config struct {
 	// always takes at least one row. Defaults to 16 MiB; at least
 	// MaxEventBytes, at most 1 GiB.
 	MaxClaimBytes int `koanf:"max_claim_bytes"`
+
+	// ShareInterval is how often an ordered relay reads who shares the
+	// table and takes or frees partitions (see Store.Share): a relay that
+	// joins gets its share, and the partitions of one that died are taken,
+	// within about one. Default 500ms.
+	ShareInterval time.Duration `koanf:"share_interval"`
+	// ShareTimeout is how long PostgreSQL keeps the partitions of a relay
+	// that stopped answering (frozen, cut off) before it ends the relay's
+	// sharing session and the others take them; at least three
+	// ShareInterval. Default 10s.
+	ShareTimeout time.Duration `koanf:"share_timeout"`
 }
 
 // Byte limits of a claim.
@@ -75,6 +87,18 @@ func (c Config) WithDefaults() (Config, error) {
 		return c, fmt.Errorf("store config: max_event_bytes %d is out of range 1..%d", c.MaxEventBytes, maxBytesLimit)
 	case c.MaxClaimBytes < c.MaxEventBytes || c.MaxClaimBytes > maxBytesLimit:
 		return c, fmt.Errorf("store config: max_claim_bytes %d is out of range %d (max_event_bytes)..%d", c.MaxClaimBytes, c.MaxEventBytes, maxBytesLimit)
+	}
+	if c.ShareInterval == 0 {
+		c.ShareInterval = 500 * time.Millisecond
+	}
+	if c.ShareTimeout == 0 {
+		c.ShareTimeout = max(10*time.Second, 3*c.ShareInterval)
+	}
+	switch {
+	case c.ShareInterval < 0:
+		return c, fmt.Errorf("store config: share_interval %s is negative", c.ShareInterval)
+	case c.ShareTimeout < 3*c.ShareInterval:
+		return c, fmt.Errorf("store config: share_timeout %s is below three share_interval (%s)", c.ShareTimeout, 3*c.ShareInterval)
 	}
 	if c.Table == c.ProcessedTable {
 		return c, errors.New("store config: table and processed_table must differ")
@@ -155,6 +179,7 @@ type names struct {
 	HandoffView, HandoffIdx                            string // migration 8: the log relay's table path
 	FailedIdx                                          string
 	LogWriteFunc                                       string // migration 9
+	PartitionIdx                                       string // migration 11
 	LogPrefixLiteral, SchemaLiteral, TableLiteral      string // quoted literals
 	HandOffPrefixLiteral                               string
 	DispatchedIdx, ParkedIdx                           string // named by PostgreSQL before, see autoIndexName
@@ -183,6 +208,7 @@ func (c Config) names() names {
 		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
 		HandoffIdx:     ident(c.Table + "_handoff_agg"),
 		FailedIdx:      ident(c.Table + "_failed"),
+		PartitionIdx:   ident(c.Table + "_pending_part"),
 		DispatchedIdx:  ident(autoIndexName(c.Table, "dispatched_at")),
 		ParkedIdx:      ident(autoIndexName(c.Table, "id")),
 

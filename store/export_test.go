@@ -36,3 +36,10 @@ func SetDispatchedScanRows(n int64) (restore func()) {
 // CloseSleeper closes the connection Sleep opened, as the end of Listen
 // does, for tests that sleep without listening.
 func (s *Store) CloseSleeper(ctx context.Context) { s.closeSleeper(ctx) }
+
+// ShareKeys are the advisory lock classes of cfg's sharing members and
+// partitions.
+func ShareKeys(cfg Config) (member, part int32) {
+	cfg, _ = cfg.WithDefaults()
+	return (&Store{cfg: cfg}).shareKeys()
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,10 +27,11 @@ type Store struct {
 	n    names
 	log  *slog.Logger
 
-	claimOrdered, claimUnordered string
-	markDone, markFailed         string
-	from                         scanFrom
-	sleeper                      sleeper
+	claimAll, claimUnordered string // claimAll: ordered, every partition
+	markDone, markFailed     string
+	from                     scanFrom
+	sleeper                  sleeper
+	share                    share
 }
 
 // scanFrom is where claims start their scan of pending seqs while a
@@ -41,9 +43,9 @@ type Store struct {
 // scanFromFor, and after any claim that was not full, the scan starts from
 // the bottom again. An event that becomes claimable below the start (a
 // producer transaction that committed late, an event released by a relay
-// that stopped, a retry come due) waits at most that long, and the ordered
-// gate, which never uses the start, keeps its aggregate's later events
-// back meanwhile: the start only ever delays, never reorders or skips.
+// that stopped, a retry come due) waits at most that long. Only unordered
+// claims use it: an ordered claim must see an aggregate's earliest pending
+// event to know whether its later ones may go.
 type scanFrom struct {
 	mu    sync.Mutex
 	id    int64
@@ -94,91 +96,115 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := cfg.names()
-	// Candidates carry every column the relay needs, so no statement reads a
-	// row twice, and their size, so no oversized payload leaves the server.
-	cols := "seq, event_id::text AS event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, headers, created_at, attempts," +
-		" coalesce(octet_length(payload::text), octet_length(payload_bytes)) + coalesce(octet_length(headers::text), 0) AS size"
-	pending := `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
-	// The result sends a row's payload only when the row fits the event
-	// limit ($2) and the claim's running total of fitting rows stays within
-	// the claim limit ($3). An oversized row comes back without its payload,
-	// to be held; rows past the claim limit come back with within = false
-	// and stay pending.
-	// The first fitting row is always within, so a claim makes progress
-	// whatever the limits.
-	within := `(w.total <= $3 OR w.total = c.size)`
-	result := `c.seq, c.event_id, c.aggregate_id::text, c.type,
-       CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload::text END,
-       CASE WHEN c.size <= $2 AND ` + within + ` THEN c.payload_bytes END,
-       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + within
-	running := `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
-	// Candidates are locked in seq order, skipping rows other relays hold.
-	// Ordered mode leaves out the events of an aggregate from its first
-	// event that is not due yet (waiting for a retry or its deliver-at
-	// time) on: held has that seq per aggregate, usually few, and early
-	// the aggregate's pending events before it, at most a batch of them
-	// each, found through the (aggregate_id, seq) index. Both are hashed
-	// sets, so an event the scan steps over costs two lookups however many
-	// events wait. Then, per aggregate in the claim, the first pending event
-	// neither in the claim nor in the caller's in-flight list ($5: events
-	// of its own open claims, which it publishes first) blocks the
-	// aggregate from that event on: one not due yet, one locked by another
-	// relay, one past the batch, or one of the caller's whose publish
-	// failed. The probe walks the aggregate's index from its earliest
-	// pending event and stops there, so its cost follows the batch, however
-	// hot an aggregate is and however many dispatched rows the table keeps.
-	ordered := `
-WITH held AS MATERIALIZED (
-    SELECT aggregate_id, min(seq) AS seq FROM ` + n.Outbox + `
-    WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
-    GROUP BY aggregate_id
-), cand AS MATERIALIZED (
-    SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + ` AND seq >= $4
-      AND (aggregate_id NOT IN (SELECT aggregate_id FROM held)
-           OR (seq < (SELECT max(seq) FROM held)
-               AND seq < ((SELECT jsonb_object_agg(aggregate_id, seq) FROM held) ->> aggregate_id)::bigint))
-    ORDER BY seq
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), mine AS MATERIALIZED (
-    SELECT seq FROM cand UNION ALL SELECT unnest($5::bigint[])
-), gate AS MATERIALIZED (
-    SELECT a.aggregate_id, (
-        SELECT p.seq FROM ` + n.Outbox + ` p
-        WHERE p.aggregate_id = a.aggregate_id
-          AND p.dispatched_at IS NULL AND p.parked_at IS NULL
-          AND p.seq NOT IN (SELECT seq FROM mine)
-        ORDER BY p.seq
-        LIMIT 1
-    ) AS first_out
-    FROM (SELECT DISTINCT aggregate_id FROM cand) a
-), w AS (` + running + `)
-SELECT ` + result + `,
-       g.first_out IS NULL OR c.seq < g.first_out
-FROM cand c JOIN gate g ON g.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
-ORDER BY c.seq`
 	unordered := `
 WITH cand AS MATERIALIZED (
-    SELECT ` + cols + ` FROM ` + n.Outbox + `
-    WHERE ` + pending + ` AND seq >= $4
+    SELECT ` + claimCols + ` FROM ` + n.Outbox + `
+    WHERE ` + claimPending + ` AND seq >= $4
     ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-), w AS (` + running + `)
-SELECT ` + result + `, true
+), w AS (` + claimRunning + `)
+SELECT ` + claimResult + `, true
 FROM cand c JOIN w ON w.seq = c.seq
 ORDER BY c.seq`
-	return &Store{
+	s := &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
-		claimOrdered:   ordered,
 		claimUnordered: unordered,
 		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
 SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
 WHERE o.seq = f.seq`,
-	}, nil
+	}
+	s.claimAll = s.orderedClaim(nil)
+	return s, nil
+}
+
+// Candidates carry every column the relay needs, so no statement reads a
+// row twice, and their size, so no oversized payload leaves the server.
+const claimCols = "seq, event_id::text AS event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, headers, created_at, attempts," +
+	" coalesce(octet_length(payload::text), octet_length(payload_bytes)) + coalesce(octet_length(headers::text), 0) AS size"
+
+const claimPending = `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
+
+// The result sends a row's payload only when the row fits the event limit
+// ($2) and the claim's running total of fitting rows stays within the
+// claim limit ($3). An oversized row comes back without its payload, to be
+// held; rows past the claim limit come back with within = false and stay
+// pending. The first fitting row is always within, so a claim makes
+// progress whatever the limits.
+const (
+	claimWithin = `(w.total <= $3 OR w.total = c.size)`
+	claimResult = `c.seq, c.event_id, c.aggregate_id::text, c.type,
+       CASE WHEN c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
+       CASE WHEN c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin
+	claimRunning = `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
+)
+
+// orderedClaim is the ordered claim over partitions parts, or over every
+// partition when parts is nil.
+//
+// It reads the first $1 pending events in seq order, merging each
+// partition's from the partition index, and leaves out two kinds: the
+// caller's own in flight ($4: events of its open claims, which it
+// publishes first), and the events of an aggregate from its first event
+// that is not due yet (waiting for a retry or its deliver-at time) on.
+// held has that seq per aggregate, usually few; both sets are hashed, so
+// an event the scan steps over costs two lookups. Then it locks what it
+// read, skipping rows another session holds: another relay's claim, or one
+// of the caller's own whose publish failed. Such a row holds its
+// aggregate back from there on: the aggregate's events after it are
+// returned as not passing, and stay pending. Every earlier pending event
+// of an aggregate lies earlier in the same scan, so an event passes only
+// when each one before it is in the claim or in flight. Nothing is looked
+// up per aggregate, however hot one is.
+func (s *Store) orderedClaim(parts []int) string {
+	if parts != nil && len(parts) == 0 {
+		return ""
+	}
+	scan := func(cond string) string {
+		return `(SELECT seq, aggregate_id FROM ` + s.n.Outbox + `
+        WHERE ` + cond + claimPending + ` AND seq NOT IN (SELECT seq FROM mine)
+          AND (aggregate_id NOT IN (SELECT aggregate_id FROM held)
+               OR (seq < (SELECT max(seq) FROM held)
+                   AND seq < ((SELECT jsonb_object_agg(aggregate_id, seq) FROM held) ->> aggregate_id)::bigint))
+        ORDER BY seq LIMIT $1)`
+	}
+	var scans []string
+	if parts == nil {
+		scans = []string{scan("")}
+	}
+	for _, p := range parts {
+		scans = append(scans, scan(fmt.Sprintf("%s = %d AND ", partitionOf, p)))
+	}
+	return `
+WITH held AS MATERIALIZED (
+    SELECT aggregate_id, min(seq) AS seq FROM ` + s.n.Outbox + `
+    WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+    GROUP BY aggregate_id
+), mine AS MATERIALIZED (
+    SELECT unnest($4::bigint[]) AS seq
+), pre AS MATERIALIZED (
+    SELECT seq, aggregate_id FROM (
+        ` + strings.Join(scans, "\n        UNION ALL ") + `
+    ) u
+    ORDER BY seq
+    LIMIT $1
+), cand AS MATERIALIZED (
+    SELECT ` + claimCols + ` FROM ` + s.n.Outbox + `
+    WHERE seq = ANY (ARRAY(SELECT seq FROM pre)) AND ` + claimPending + `
+    ORDER BY seq
+    FOR UPDATE SKIP LOCKED
+), skipped AS MATERIALIZED (
+    SELECT aggregate_id, min(seq) AS seq FROM pre
+    WHERE seq NOT IN (SELECT seq FROM cand)
+    GROUP BY aggregate_id
+), w AS (` + claimRunning + `)
+SELECT ` + claimResult + `,
+       s.seq IS NULL OR c.seq < s.seq
+FROM cand c LEFT JOIN skipped s ON s.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
+ORDER BY c.seq`
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -206,9 +232,15 @@ func (s *Store) Ping(ctx context.Context) error {
 // aggregate stay out of the claim.
 func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	from := s.from.get()
-	q, args := s.claimOrdered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from, req.InFlight}
-	if req.Unordered {
-		q, args = s.claimUnordered, args[:4]
+	q, args := s.claimUnordered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from}
+	if !req.Unordered {
+		q, args[3] = s.claimAll, req.InFlight
+		if o := s.share.owned.Load(); o != nil {
+			q = o.claim
+		}
+		if q == "" {
+			return &claim{s: s}, nil // no partition owned
+		}
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -300,7 +332,9 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("select events: %w", err)
 	}
-	s.from.claimed(from, candidates >= req.Limit, first)
+	if req.Unordered {
+		s.from.claimed(from, candidates >= req.Limit, first)
+	}
 	if len(c.events) == 0 && len(c.rejected) == 0 {
 		// Hold no transaction for an empty claim.
 		if err := tx.Rollback(ctx); err != nil {
