@@ -60,6 +60,7 @@ type RelayConfig struct {
 	StartupTimeout time.Duration `koanf:"startup_timeout"`
 	Unordered      bool          `koanf:"unordered"`
 	Wakeups        bool          `koanf:"wakeups"`
+	Sharing        bool          `koanf:"sharing"`
 	RetryMin       time.Duration `koanf:"retry_min"`
 	RetryMax       time.Duration `koanf:"retry_max"`
 	// Mode is where the relay finds events: "table" claims them from the
@@ -173,6 +174,7 @@ func Defaults() Config {
 			BatchSize: relay.BatchSize, Lanes: relay.Lanes, Claimers: relay.Claimers,
 			PollInterval: relay.PollInterval, PublishTimeout: relay.PublishTimeout,
 			ShutdownTimeout: relay.ShutdownTimeout, Wakeups: !relay.DisableWakeups,
+			Sharing:        !relay.DisableSharing,
 			StartupTimeout: 5 * time.Minute,
 			RetryMin:       relay.RetryBackoff.Min, RetryMax: relay.RetryBackoff.Max,
 			Mode: "table",
@@ -368,7 +370,7 @@ func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options 
 	return core.Options{
 		BatchSize: r.BatchSize, Lanes: r.Lanes, Claimers: r.Claimers, PollInterval: r.PollInterval,
 		PublishTimeout: r.PublishTimeout, ShutdownTimeout: r.ShutdownTimeout,
-		Unordered: r.Unordered, DisableWakeups: !r.Wakeups,
+		Unordered: r.Unordered, DisableWakeups: !r.Wakeups, DisableSharing: !r.Sharing,
 		RetryBackoff: core.Backoff{Min: r.RetryMin, Max: r.RetryMax},
 		Logger:       log, Observer: obs,
 	}
