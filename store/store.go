@@ -34,18 +34,18 @@ type Store struct {
 	share                    share
 }
 
-// scanFrom is where claims start their scan of pending seqs while a
-// backlog drains. Marking an event dispatched leaves its entry in the
-// pending index until VACUUM, so a scan from the lowest seq walks every
-// entry dispatched since the last one, and a claim over a large drained
-// backlog slows down with it. While claims come back full, each one starts
-// at the first seq the last full scan from the bottom found; every
-// scanFromFor, and after any claim that was not full, the scan starts from
-// the bottom again. An event that becomes claimable below the start (a
-// producer transaction that committed late, an event released by a relay
-// that stopped, a retry come due) waits at most that long. Only unordered
-// claims use it: an ordered claim must see an aggregate's earliest pending
-// event to know whether its later ones may go.
+// scanFrom is where unordered claims start their scan of pending seqs
+// while a backlog drains. Marking an event dispatched leaves its entry in
+// the pending index until VACUUM, and the relay's other open claims hold
+// locked rows there, so a scan from the lowest seq walks every entry
+// dispatched since the last VACUUM and every event in flight, and a claim
+// slows down with them. While claims come back full, each one starts just
+// past the last one's last candidate; every scanFromFor, and after any
+// claim that was not full, the scan starts from the bottom again. An
+// event that becomes claimable below the start (a producer transaction
+// that committed late, an event released by a relay that stopped, a retry
+// come due) waits at most that long. Only unordered claims use it: an
+// ordered claim must see an aggregate's earliest pending event.
 type scanFrom struct {
 	mu    sync.Mutex
 	id    int64
@@ -66,15 +66,17 @@ func (f *scanFrom) get() int64 {
 }
 
 // claimed records a claim that started at from, whether its candidates
-// filled the batch, and its first candidate's seq.
-func (f *scanFrom) claimed(from int64, full bool, first int64) {
+// filled the batch, and its last candidate's seq.
+func (f *scanFrom) claimed(from int64, full bool, last int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
 	case !full:
 		f.id = 0
 	case from == 0:
-		f.id, f.since = first, time.Now()
+		f.id, f.since = last+1, time.Now()
+	default:
+		f.id = last + 1
 	}
 }
 
@@ -271,7 +273,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	// an error, a huge one must not allocate up front.
 	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
 	var rejectedAggs map[string]bool
-	candidates, first := 0, int64(0)
+	candidates, last := 0, int64(0)
 	for rows.Next() {
 		var (
 			e                  core.Event
@@ -288,10 +290,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("scan event: %w", err)
 		}
-		if candidates == 0 {
-			first = e.Seq
-		}
 		candidates++
+		last = e.Seq
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
@@ -333,7 +333,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		return nil, fmt.Errorf("select events: %w", err)
 	}
 	if req.Unordered {
-		s.from.claimed(from, candidates >= req.Limit, first)
+		s.from.claimed(from, candidates >= req.Limit, last)
 	}
 	if len(c.events) == 0 && len(c.rejected) == 0 {
 		// Hold no transaction for an empty claim.

@@ -151,6 +151,16 @@ func (r *report) evaluate() {
 				fmt.Sprintf(">= %.2fx", g.want), fmt.Sprintf("%.2fx (%s vs %s tx/s)", x, perSec(with), perSec(base)), x >= g.want)
 		}
 	}
+	// Ordered replicas own partitions of their own: more of them must not
+	// drain less in total.
+	if len(r.Replicas) == 3 && r.Replicas[0].PerSec() > 0 {
+		one := r.Replicas[0].PerSec()
+		for i, k := range []int{2, 4} {
+			x := r.Replicas[i+1].PerSec() / one
+			add(fmt.Sprintf("ordered relays: %d vs 1, total events/s", k), ">= 0.95x",
+				fmt.Sprintf("%.2fx (%s vs %s)", x, perSec(r.Replicas[i+1].PerSec()), perSec(one)), x >= 0.95)
+		}
+	}
 	if len(r.Backlogs) >= 2 && r.Backlogs[0].ClaimP50 > 0 {
 		s, b := r.Backlogs[0], r.Backlogs[1]
 		x := float64(b.ClaimP50) / float64(s.ClaimP50)
