@@ -122,6 +122,7 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Table + "_notify"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_uid"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_handoff_agg"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_pending_part"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending_agg"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_retrying"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_pending"}.Sanitize(),
