@@ -78,6 +78,10 @@ func New(w io.Writer, topics *brokers.Routing) *Publisher {
 	return &Publisher{w: w, topics: topics, turn: make(chan struct{}, 1), next: newWrite()}
 }
 
+// lineBufs holds the buffers lines are encoded into before they join the
+// pending write.
+var lineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
 // Publish implements core.Publisher.
 func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	topic, err := p.topics.Topic(e)
@@ -94,7 +98,10 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	} else {
 		l.PayloadBase64 = e.Payload
 	}
-	b, err := json.Marshal(l)
+	bp := lineBufs.Get().(*[]byte)
+	defer lineBufs.Put(bp)
+	b, err := l.AppendLine((*bp)[:0])
+	*bp = b
 	if err != nil {
 		return core.Permanent(fmt.Errorf("encode event %d: %w", e.Seq, err))
 	}
