@@ -640,6 +640,10 @@ func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err err
 
 // work is one lane: it publishes queued events until the lanes close.
 func (r *Relay) work(ctx context.Context) {
+	// Each publish's timeout context hangs off this lane's own, so lanes
+	// do not contend for the relay's context to register and remove them.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	for {
 		it, ok := r.lanes.take()
 		if !ok {

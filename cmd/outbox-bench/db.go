@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -108,6 +109,34 @@ FROM generate_series($1::bigint, $2::bigint) AS g`
 		return fmt.Errorf("analyze backlog: %w", err)
 	}
 	b.log.Info("backlog ready", "schema", cfg.Schema, "events", n, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// fillLogOnly writes n log-only events of about the configured payload
+// size as producers do, with the Go log writer, 1000 per transaction; the
+// slot must exist.
+func (b *bench) fillLogOnly(ctx context.Context, cfg store.Config, n int) error {
+	start := time.Now()
+	w, err := outbox.NewLogWriter(outbox.WriterOptions{Store: cfg})
+	if err != nil {
+		return err
+	}
+	pad := strings.Repeat("x", max(0, b.cfg.PayloadBytes-40))
+	const perTx = 1000
+	for from := 0; from < n; from += perTx {
+		msgs := make([]outbox.Message, 0, perTx)
+		for g := from; g < min(n, from+perTx); g++ {
+			msgs = append(msgs, outbox.Message{
+				AggregateID: fmt.Sprintf("00000000-0000-4000-8000-%012x", g%b.cfg.Aggregates), Type: "bench.event",
+				Payload: fmt.Appendf(nil, `{"n":%d,"pad":%q}`, g, pad),
+			})
+		}
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) })
+		if err != nil {
+			return fmt.Errorf("fill log-only backlog: %w", err)
+		}
+	}
+	b.log.Info("log-only backlog ready", "schema", cfg.Schema, "events", n, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -460,7 +460,7 @@ func (b *bench) drainSection(ctx context.Context, rep *report) error {
 	}
 	// The log relay sees only rows committed after its slot exists: the
 	// slot is made before the backlog and dropped before the schema.
-	logBinary := func(name string) (rate, error) {
+	logBinary := func(name string, logOnly bool) (rate, error) {
 		cfg, drop, err := b.schema(ctx, name)
 		if err != nil {
 			return rate{}, err
@@ -474,12 +474,16 @@ func (b *bench) drainSection(ctx context.Context, rep *report) error {
 				b.log.Warn("drop the log drain's slot", "error", err)
 			}
 		}()
-		if err := b.fill(ctx, cfg, n); err != nil {
+		fill, rowName, what := b.fill, nameBinaryLog, "the rows read from the slot, marked in batches"
+		if logOnly {
+			fill, rowName, what = b.fillLogOnly, nameBinaryLogOnly, "log-only events written by the Go log writer, 1000 per transaction, no row"
+		}
+		if err := fill(ctx, cfg, n); err != nil {
 			return rate{}, err
 		}
 		b.settle(ctx)
-		r, err := b.binaryDrainEnv(ctx, nameBinaryLog, cfg, n, b.cfg.DrainCap, "OUTBOX_RELAY_MODE=log")
-		r.Note = strings.Replace(r.Note, "shipped defaults", "shipped defaults and relay.mode log (the rows read from the slot, marked in batches)", 1)
+		r, err := b.binaryDrainEnv(ctx, rowName, cfg, n, b.cfg.DrainCap, "OUTBOX_RELAY_MODE=log")
+		r.Note = strings.Replace(r.Note, "shipped defaults", "shipped defaults and relay.mode log ("+what+")", 1)
 		return r, err
 	}
 	type drainer struct {
@@ -493,7 +497,8 @@ func (b *bench) drainSection(ctx context.Context, rep *report) error {
 		}},
 		{"binary-ordered", false, func() (rate, error) { return withBacklog("binord", binary(nameBinaryOrdered, false)) }},
 		{"binary-unordered", false, func() (rate, error) { return withBacklog("binunord", binary(nameBinaryUnordered, true)) }},
-		{"binary-log", false, func() (rate, error) { return logBinary("binlog") }},
+		{"binary-log", false, func() (rate, error) { return logBinary("binlog", false) }},
+		{"binary-logonly", false, func() (rate, error) { return logBinary("binlogonly", true) }},
 		{"library-ordered", false, func() (rate, error) { return withBacklog("ordered", relay(nameOrdered, false)) }},
 		{"library-unordered", false, func() (rate, error) { return withBacklog("unordered", relay(nameUnordered, true)) }},
 		// Watermill's figures are for scale, not a ratio to hold: once will do.
@@ -534,6 +539,7 @@ const (
 	nameBinaryOrdered   = "outbox relay binary, ordered"
 	nameBinaryUnordered = "outbox relay binary, unordered"
 	nameBinaryLog       = "outbox relay binary, log mode"
+	nameBinaryLogOnly   = "outbox relay binary, log-only events"
 	nameOrdered         = "library relay, ordered"
 	nameUnordered       = "library relay, unordered"
 )

@@ -98,7 +98,7 @@ func main() {
 	fs.IntVar(&c.Lanes, "lanes", c.Lanes, "library relay option Lanes (0: its default)")
 	fs.IntVar(&c.Claimers, "claimers", c.Claimers, "library relay option Claimers (0: its default)")
 	fs.StringVar(&c.Outbox, "outbox", "", "the outbox binary (go build ./cmd/outbox) for the rows that run `outbox relay`")
-	fs.StringVar(&c.Drainers, "drainers", "", "drain section: run only these, separated by commas: floor, binary-ordered, binary-unordered, library-ordered, library-unordered, watermill-default, watermill-queue")
+	fs.StringVar(&c.Drainers, "drainers", "", "drain section: run only these, separated by commas: floor, binary-ordered, binary-unordered, binary-log, binary-logonly, library-ordered, library-unordered, watermill-default, watermill-queue")
 	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
 	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")
