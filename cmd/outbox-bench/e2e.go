@@ -179,7 +179,7 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int, logMode bool
 	}
 	lat, missing := rec.latencies()
 	row.Events, row.Missing = len(lat), missing
-	row.P50, row.P99, row.Max = percentile(lat, 50), percentile(lat, 99), percentile(lat, 100)
+	row.P50, row.P99, row.P999, row.Max = percentile(lat, 50), percentile(lat, 99), percentile(lat, 99.9), percentile(lat, 100)
 	row.Achieved = float64(len(lat)+missing) / last.Sub(start).Seconds()
 	row.Note = "`outbox relay` binary, shipped defaults; a consumer process stamps arrivals"
 	if logMode {

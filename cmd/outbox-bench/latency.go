@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -88,6 +90,64 @@ func (s *stamps) latencies() ([]time.Duration, int) {
 	return out, missing
 }
 
+// timedStore is the PostgreSQL store, timing each claim: when it started
+// and ended, by event id, so a latency can be split into its parts. Being
+// the store itself, embedded, it keeps the store's optional capabilities.
+type timedStore struct {
+	*store.Store
+	mu     sync.Mutex
+	claims map[string][2]time.Time
+}
+
+func (t *timedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
+	start := time.Now()
+	c, err := t.Store.Claim(ctx, req)
+	if err != nil {
+		return c, err
+	}
+	end := time.Now()
+	t.mu.Lock()
+	for _, e := range c.Events() {
+		t.claims[e.ID] = [2]time.Time{start, end}
+	}
+	t.mu.Unlock()
+	return c, nil
+}
+
+// tail splits the latencies of the events at or above the p-th percentile
+// into their parts, and says which part made them slow: the wait from
+// COMMIT's return to the start of the claim that took the event (poll or
+// wake-up), the claim's SQL, and the time from the claim's end to the
+// publish (queued behind other events of the batch, the lane, the
+// publisher).
+func (t *timedStore) tail(s *stamps, p float64) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type parts struct{ total, wait, claim, lane time.Duration }
+	var all []parts
+	for uid, c := range s.committed {
+		pub, ok := s.published[uid]
+		cl, ok2 := t.claims[uid]
+		if !ok || !ok2 {
+			continue
+		}
+		all = append(all, parts{max(0, pub.Sub(c)), max(0, cl[0].Sub(c)), cl[1].Sub(cl[0]), max(0, pub.Sub(cl[1]))})
+	}
+	if len(all) == 0 {
+		return ""
+	}
+	slices.SortFunc(all, func(a, b parts) int { return cmp.Compare(a.total, b.total) })
+	slow := all[int(float64(len(all)-1)*p/100):]
+	var w, c, l []time.Duration
+	for _, x := range slow {
+		w, c, l = append(w, x.wait), append(c, x.claim), append(l, x.lane)
+	}
+	return fmt.Sprintf("the %d events at or above p%g: median wait for a claim %s, claim %s, claim end to publish %s",
+		len(slow), p, fmtDur(percentile(w, 50)), fmtDur(percentile(c, 50)), fmtDur(percentile(l, 50)))
+}
+
 // openLoop offers work at rate per second for d, on up to workers
 // goroutines; it returns when every offered call has finished.
 func openLoop(ctx context.Context, rate, workers int, d time.Duration, work func(ctx context.Context, i int64) error) error {
@@ -152,10 +212,11 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 		return latencyRow{}, err
 	}
 	defer relayPool.Close()
-	st, err := store.New(relayPool, cfg, b.log)
+	pst, err := store.New(relayPool, cfg, b.log)
 	if err != nil {
 		return latencyRow{}, fmt.Errorf("new store: %w", err)
 	}
+	st := &timedStore{Store: pst, claims: map[string][2]time.Time{}}
 	rec := newStamps()
 	opts := b.relayOptions(false, nil)
 	opts.DisableWakeups = !wakeups
@@ -213,7 +274,8 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	waitCount(ctx, committed, 0, 3*time.Second+opts.PollInterval)
 	lat, missing := rec.latencies()
 	row := latencyRow{Rate: rate, Wakeups: wakeups, Path: "in process", Events: len(lat), Missing: missing,
-		P50: percentile(lat, 50), P99: percentile(lat, 99), Max: percentile(lat, 100)}
+		P50: percentile(lat, 50), P99: percentile(lat, 99), P999: percentile(lat, 99.9), Max: percentile(lat, 100),
+		Note: st.tail(rec, 99)}
 	if el := last.Sub(start); el > 0 {
 		row.Achieved = float64(len(lat)+missing) / el.Seconds()
 	}

@@ -55,7 +55,7 @@ type config struct {
 
 func defaults(quick bool) config {
 	c := config{
-		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 200_000, LargeRows: 300,
+		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 1_000_000, LargeRows: 300,
 		Aggregates: 10_000, PayloadBytes: 128,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
