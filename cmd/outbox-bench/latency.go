@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
@@ -148,6 +149,14 @@ func (t *timedStore) tail(s *stamps, p float64) string {
 		len(slow), p, fmtDur(percentile(w, 50)), fmtDur(percentile(c, 50)), fmtDur(percentile(l, 50)))
 }
 
+// poolWaits says how often the relay waited for a connection of its pool
+// (pgxpool counts acquires that found none idle, and their total time).
+func poolWaits(p *pgxpool.Pool) string {
+	s := p.Stat()
+	return fmt.Sprintf("; relay pool: %d of %d acquires waited for a connection, %s acquiring in all",
+		s.EmptyAcquireCount(), s.AcquireCount(), fmtDur(s.AcquireDuration()))
+}
+
 // openLoop offers work at rate per second for d, on up to workers
 // goroutines; it returns when every offered call has finished.
 func openLoop(ctx context.Context, rate, workers int, d time.Duration, work func(ctx context.Context, i int64) error) error {
@@ -275,7 +284,7 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	lat, missing := rec.latencies()
 	row := latencyRow{Rate: rate, Wakeups: wakeups, Path: "in process", Events: len(lat), Missing: missing,
 		P50: percentile(lat, 50), P99: percentile(lat, 99), P999: percentile(lat, 99.9), Max: percentile(lat, 100),
-		Note: st.tail(rec, 99)}
+		Note: st.tail(rec, 99) + poolWaits(relayPool)}
 	if el := last.Sub(start); el > 0 {
 		row.Achieved = float64(len(lat)+missing) / el.Seconds()
 	}
