@@ -143,7 +143,7 @@ func newLogger(w io.Writer, c LogConfig) *slog.Logger {
 // redacted, and the password pgx settled on (from the URL, PGPASSWORD or
 // a password file) joins the masked secrets.
 func (e *app) openPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
-	pool, err := e.newPool(ctx, appName)
+	pool, err := e.newPool(ctx, appName, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -159,14 +159,16 @@ func (e *app) openPool(ctx context.Context, appName string) (*pgxpool.Pool, erro
 	return pool, nil
 }
 
-// newPool is openPool without connecting: the pool connects on first use.
-func (e *app) newPool(ctx context.Context, appName string) (*pgxpool.Pool, error) {
+// newPool is openPool without connecting: the pool connects on first use,
+// and keeps warm connections open from the start (in the background).
+func (e *app) newPool(ctx context.Context, appName string, warm int32) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
 	if err != nil {
 		return nil, usagef("database_url: %w", err)
 	}
 	e.mask.add(pc.ConnConfig.Password)
 	pc.MaxConns = e.cfg.Database.MaxConns
+	pc.MinConns = min(warm, pc.MaxConns)
 	pc.ConnConfig.RuntimeParams["application_name"] = appName
 	if t := e.cfg.Database.IdleInTransactionTimeout; t > 0 {
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(t.Milliseconds(), 10)

@@ -44,7 +44,9 @@ var publisherWraps []func(ctx context.Context, e *app, pub core.Publisher) (core
 
 func (e *app) runRelay(ctx context.Context) error {
 	// One name per process, so `outbox status` can tell replicas apart.
-	pool, err := e.newPool(ctx, relayAppName+" "+relayClientName())
+	// A connection per open claim stays warm: a claim that had to connect
+	// first, when traffic resumed, made the latency's tail.
+	pool, err := e.newPool(ctx, relayAppName+" "+relayClientName(), int32(e.cfg.Relay.Claimers)+1)
 	if err != nil {
 		return err
 	}
