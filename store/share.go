@@ -93,7 +93,8 @@ func (s *Store) Share(ctx context.Context, wake func()) error {
 }
 
 // Owned lists the partitions this store's relays own, in order; nil when
-// none shares through it (its claims read every partition).
+// none shares through it, or its sharing session is lost: its claims then
+// read every partition.
 func (s *Store) Owned() []int {
 	if o := s.share.owned.Load(); o != nil {
 		return slices.Clone(o.parts)
@@ -105,19 +106,24 @@ func (s *Store) Owned() []int {
 // wakes the relays when a partition was gained.
 func (s *Store) setOwned(parts []int, announce bool) {
 	old := s.share.owned.Load()
-	if old != nil && slices.Equal(old.parts, parts) {
+	if old != nil && slices.Equal(old.parts, parts) && (old.parts == nil) == (parts == nil) {
 		return
 	}
 	claim := s.claimAll // one scan rather than a merge of every partition
-	if len(parts) < Partitions {
+	if parts != nil && len(parts) < Partitions {
 		claim = s.orderedClaim(parts)
 	}
 	s.share.owned.Store(&owned{parts: parts, claim: claim})
 	if !announce {
 		return
 	}
-	s.log.Info("partitions owned", "table", s.cfg.Table, "count", len(parts), "partitions", parts)
-	if old != nil && !slices.ContainsFunc(parts, func(p int) bool { return !slices.Contains(old.parts, p) }) {
+	if parts == nil {
+		s.log.Info("partitions owned", "table", s.cfg.Table, "count", Partitions, "partitions", "all, unshared")
+	} else {
+		s.log.Info("partitions owned", "table", s.cfg.Table, "count", len(parts), "partitions", parts)
+	}
+	gained := old == nil || parts == nil || slices.ContainsFunc(parts, func(p int) bool { return !slices.Contains(old.parts, p) })
+	if !gained {
 		return
 	}
 	s.share.wakesMu.Lock()
@@ -128,17 +134,21 @@ func (s *Store) setOwned(parts []int, announce bool) {
 }
 
 // shareLoop runs sharing sessions until ctx is done, reconnecting after a
-// lost one; a lost session's partitions are no longer owned.
+// lost one. Without a session the relay knows nothing of the others'
+// partitions and claims from all of them, as an unshared store does: row
+// locks keep that correct, and a relay never stops for want of sharing
+// (a server that refuses the session, one older than PostgreSQL 14).
 func (s *Store) shareLoop(ctx context.Context) {
 	backoff := core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 0; ; attempt++ {
 		err := s.shareOnce(ctx, func() { attempt = 0 })
-		s.setOwned([]int{}, true)
 		if ctx.Err() != nil {
+			s.setOwned([]int{}, false)
 			return
 		}
+		s.setOwned(nil, true)
 		wait := backoff.Delay(attempt)
-		s.log.Warn("partition sharing lost its connection; claiming nothing until it is back", "error", err, "retry_in", wait)
+		s.log.Warn("partition sharing lost its session; claiming from every partition until it is back", "error", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -2,13 +2,16 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
@@ -277,5 +280,46 @@ func (in *instance) insert(t *testing.T, agg, payload string) {
 	if _, err := in.pool.Exec(context.Background(),
 		"INSERT INTO "+in.table()+" (aggregate_id, type, payload) VALUES ($1, 't.x', $2)", agg, payload); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A relay whose sharing session the server refuses (an older server, a
+// pooler) claims from every partition, in order through the row locks,
+// rather than stopping.
+func TestRefusedSharingClaimsEverything(t *testing.T) {
+	_, cfg := pgtest.Schema(t)
+	cfg.ShareInterval = 100 * time.Millisecond
+	ctx := context.Background()
+	pc, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.ValidateConnect = func(_ context.Context, c *pgconn.PgConn) error {
+		if strings.HasPrefix(c.ParameterStatus("application_name"), "outbox share") {
+			return errors.New("refused for the test")
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	in := newInstance(t, pool, cfg)
+	for i := range 50 {
+		in.insert(t, fmt.Sprintf("agg-%d", i), `{}`)
+	}
+	sh := startSharing(t, pool, cfg)
+	time.Sleep(300 * time.Millisecond)
+	if got := sh.st.Owned(); got != nil {
+		t.Fatalf("owned %v without a sharing session, want nil (every partition)", got)
+	}
+	c, err := sh.st.Claim(ctx, core.ClaimOptions{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	if n := len(c.Events()); n != 50 {
+		t.Fatalf("claimed %d of 50 events without a sharing session", n)
 	}
 }
