@@ -67,7 +67,9 @@ func (s *Store) Share(ctx context.Context, wake func()) error {
 	sh.wakes[&wake] = struct{}{}
 	sh.wakesMu.Unlock()
 	if sh.stop == nil {
-		s.setOwned([]int{}, false)
+		// Every partition until the first round says otherwise: a relay
+		// that starts claims at once, in the others' way at worst.
+		s.setOwned(nil, false)
 		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		sh.stop, sh.done = cancel, make(chan struct{})
 		go func(done chan struct{}) {
@@ -122,7 +124,9 @@ func (s *Store) setOwned(parts []int, announce bool) {
 	} else {
 		s.log.Info("partitions owned", "table", s.cfg.Table, "count", len(parts), "partitions", parts)
 	}
-	gained := old == nil || parts == nil || slices.ContainsFunc(parts, func(p int) bool { return !slices.Contains(old.parts, p) })
+	// From every partition (nil) nothing can be gained.
+	gained := old == nil || old.parts != nil &&
+		(parts == nil || slices.ContainsFunc(parts, func(p int) bool { return !slices.Contains(old.parts, p) }))
 	if !gained {
 		return
 	}
