@@ -43,8 +43,9 @@ type share struct {
 
 	wakesMu sync.Mutex
 	wakes   map[*func()]struct{}
-	// owned is nil while no relay shares through this store: its claims
-	// read every partition.
+	// owned, or its parts, is nil while the store claims from every
+	// partition: no relay shares through it, its session is lost, or its
+	// first round has not come.
 	owned atomic.Pointer[owned]
 }
 
