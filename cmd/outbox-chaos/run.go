@@ -789,15 +789,25 @@ WHERE usename = $1 AND client_port = ANY($2) AND xact_start IS NOT NULL AND stat
 
 // target picks the relay a relay fault hits: in log mode the one reading
 // the slot, with its walsender's pid, so the fault tests a takeover; else,
-// or when none reads it, a running one at random and pid 0.
+// or when none reads it within holderWait (relays still starting, or
+// standing by after the last fault), a running one at random and pid 0.
 func (f *faulter) target(ctx context.Context) (*relaySlot, int32) {
 	if f.slot != "" {
-		if s, pid, err := f.slotHolder(ctx); err == nil && s != nil && s.running() {
-			return s, pid
+		for start := time.Now(); time.Since(start) < holderWait; {
+			if s, pid, err := f.slotHolder(ctx); err == nil && s != nil && s.running() {
+				return s, pid
+			}
+			if !sleep(ctx, 50*time.Millisecond) {
+				break
+			}
 		}
 	}
 	return f.runningSlot(), 0
 }
+
+// holderWait bounds how long a relay fault in log mode waits for a relay
+// to read the slot.
+const holderWait = 5 * time.Second
 
 // runningSlot picks a relay whose process is up, at random.
 func (f *faulter) runningSlot() *relaySlot {
