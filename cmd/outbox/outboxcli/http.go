@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,8 @@ func (e *app) startHTTP(ctx context.Context, st *store.Store, relay func() *core
 	}
 	if e.cfg.Relay.Mode == "log" {
 		e.slots = newSlotMetrics(reg)
+	} else if !e.cfg.Relay.Unordered {
+		registerPartitions(reg, st)
 	}
 	poller, err := metrics.NewPoller(st, metrics.PollerOptions{Registerer: reg, StuckAfter: e.cfg.Stuck.After, Logger: e.log})
 	if err != nil {
@@ -197,4 +200,19 @@ func healthHandlers(mux *http.ServeMux, ready func(context.Context) []core.Check
 		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(map[string]any{"ready": status == http.StatusOK, "checks": results})
 	})
+}
+
+// registerPartitions exports how many partitions of aggregates an ordered
+// relay claims from: its share while it shares them with other replicas,
+// all of them while it does not.
+func registerPartitions(reg prometheus.Registerer, st *store.Store) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "outbox", Name: "partitions_owned",
+		Help: "Partitions of aggregates this ordered relay claims from, of " + strconv.Itoa(store.Partitions) + ".",
+	}, func() float64 {
+		if p := st.Owned(); p != nil {
+			return float64(len(p))
+		}
+		return store.Partitions
+	}))
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -283,4 +284,47 @@ func TestPoisonCommands(t *testing.T) {
 
 func discardLogger() *slog.Logger {
 	return newLogger(io.Discard, LogConfig{Format: "text", Level: "error"})
+}
+
+// outbox_partitions_owned is every partition while a relay does not share,
+// and its share once a second relay shares the table.
+func TestPartitionsOwnedGauge(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	cfg.ShareInterval = 50 * time.Millisecond
+	gauge := func(reg *prometheus.Registry) string {
+		rec := httptest.NewRecorder()
+		opsHandler(reg, func(context.Context) []core.Check { return nil }, discardLogger()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		for _, l := range strings.Split(rec.Body.String(), "\n") {
+			if strings.HasPrefix(l, "outbox_partitions_owned ") {
+				return l
+			}
+		}
+		return ""
+	}
+	var stores []*store.Store
+	for range 2 {
+		st, err := store.New(pool, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, st)
+	}
+	reg := prometheus.NewRegistry()
+	registerPartitions(reg, stores[0])
+	if got := gauge(reg); got != "outbox_partitions_owned 32" {
+		t.Fatalf("unshared: %q, want every partition", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var done sync.WaitGroup
+	for _, st := range stores {
+		done.Go(func() { _ = st.Share(ctx, func() {}) })
+	}
+	defer func() { cancel(); done.Wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for gauge(reg) != "outbox_partitions_owned 16" {
+		if time.Now().After(deadline) {
+			t.Fatalf("shared by two relays: %q, want 16", gauge(reg))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
