@@ -39,7 +39,7 @@ type Config struct {
 	// ShareInterval is how often an ordered relay reads who shares the
 	// table and takes or frees partitions (see Store.Share): a relay that
 	// joins gets its share, and the partitions of one that died are taken,
-	// within about one. Default 500ms.
+	// within about one. Default 500ms, at least 10ms.
 	ShareInterval time.Duration `koanf:"share_interval"`
 	// ShareTimeout is how long PostgreSQL keeps the partitions of a relay
 	// that stopped answering (frozen, cut off) before it ends the relay's
@@ -47,6 +47,9 @@ type Config struct {
 	// ShareInterval. Default 10s.
 	ShareTimeout time.Duration `koanf:"share_timeout"`
 }
+
+// minShareInterval bounds how often a relay reads pg_locks.
+const minShareInterval = 10 * time.Millisecond
 
 // Byte limits of a claim.
 const (
@@ -95,8 +98,8 @@ func (c Config) WithDefaults() (Config, error) {
 		c.ShareTimeout = max(10*time.Second, 3*c.ShareInterval)
 	}
 	switch {
-	case c.ShareInterval < 0:
-		return c, fmt.Errorf("store config: share_interval %s is negative", c.ShareInterval)
+	case c.ShareInterval < minShareInterval:
+		return c, fmt.Errorf("store config: share_interval %s is below %s: each round reads pg_locks", c.ShareInterval, minShareInterval)
 	case c.ShareTimeout < 3*c.ShareInterval:
 		return c, fmt.Errorf("store config: share_timeout %s is below three share_interval (%s)", c.ShareTimeout, 3*c.ShareInterval)
 	}

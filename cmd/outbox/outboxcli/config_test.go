@@ -129,6 +129,8 @@ func TestValidateNamesFields(t *testing.T) {
 		{"scheme", "database_url: mysql://x/y\n", "database_url"},
 		{"event bytes", "database_url: postgres://x/y\nstore: {max_event_bytes: -5}\n", "max_event_bytes"},
 		{"claim bytes", "database_url: postgres://x/y\nstore: {max_event_bytes: 2000, max_claim_bytes: 1000}\n", "max_claim_bytes"},
+		{"share timeout", "database_url: postgres://x/y\nstore: {share_interval: 1s, share_timeout: 2s}\n", "share_timeout"},
+		{"share interval", "database_url: postgres://x/y\nstore: {share_interval: 1ms}\n", "share_interval"},
 		{"idle timeout", "database_url: postgres://x/y\ndatabase: {idle_in_transaction_timeout: 1s}\n", "database.idle_in_transaction_timeout"},
 		{"routing", "database_url: postgres://x/y\nrouting: {types: {order.placed: \"\"}}\n", "routing.types"},
 		{"cloudevents source", "database_url: postgres://x/y\ncloudevents: {enabled: true}\n", "cloudevents.source"},
