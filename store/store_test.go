@@ -478,6 +478,19 @@ VALUES ('00000000-0000-4000-8000-000000000002', 'order.placed', '{"n":1}') RETUR
 			claims, quiet = n, time.Now()
 		}
 	}
+	// And asleep: a relay on its way to sleep claims once more after it
+	// takes the wake-up lock (migration 10), and on a loaded machine that
+	// step can outlast the quiet window.
+	waitFor(t, "the relay asleep", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+  AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0)`,
+			"outbox-wake:"+in.cfg.Schema+"."+in.cfg.Table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	claims = obs.n.Load()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
