@@ -21,19 +21,30 @@ import (
 func (s *Store) Listen(ctx context.Context, wake func()) error {
 	// The relay sleeps (Sleep) only while it listens.
 	defer s.closeSleeper(ctx)
+	keepSession(ctx, func(connected func()) error { return s.listenOnce(ctx, wake, connected) },
+		func(err error, wait time.Duration) {
+			s.log.Warn("wake-up listener lost its connection; reconnecting", "error", err, "retry_in", wait)
+		})
+	return nil
+}
+
+// keepSession runs once until ctx is done, and again after each loss,
+// backing off from 100ms to 10s; the backoff starts over once a session
+// connects. lost hears of each loss and the wait before the next try.
+func keepSession(ctx context.Context, once func(connected func()) error, lost func(err error, wait time.Duration)) {
 	backoff := core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 0; ; attempt++ {
-		err := s.listenOnce(ctx, wake, func() { attempt = 0 })
+		err := once(func() { attempt = 0 })
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		wait := backoff.Delay(attempt)
-		s.log.Warn("wake-up listener lost its connection; reconnecting", "error", err, "retry_in", wait)
+		lost(err, wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return
 		case <-t.C:
 		}
 	}

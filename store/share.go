@@ -144,24 +144,12 @@ func (s *Store) setOwned(parts []int, announce bool) {
 // locks keep that correct, and a relay never stops for want of sharing
 // (a server that refuses the session, one older than PostgreSQL 14).
 func (s *Store) shareLoop(ctx context.Context) {
-	backoff := core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
-	for attempt := 0; ; attempt++ {
-		err := s.shareOnce(ctx, func() { attempt = 0 })
-		if ctx.Err() != nil {
-			s.setOwned([]int{}, false)
-			return
-		}
-		s.setOwned(nil, true)
-		wait := backoff.Delay(attempt)
-		s.log.Warn("partition sharing lost its session; claiming from every partition until it is back", "error", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
+	keepSession(ctx, func(connected func()) error { return s.shareOnce(ctx, connected) },
+		func(err error, wait time.Duration) {
+			s.setOwned(nil, true)
+			s.log.Warn("partition sharing lost its session; claiming from every partition until it is back", "error", err, "retry_in", wait)
+		})
+	s.setOwned([]int{}, false)
 }
 
 // shareKeys are the advisory lock classes of the table's members and
