@@ -183,6 +183,7 @@ type names struct {
 	FailedIdx                                          string
 	LogWriteFunc                                       string // migration 9
 	PartitionIdx                                       string // migration 11
+	RowCheck, RowCheckFunc, WakeKeyLiteral             string // migration 12
 	LogPrefixLiteral, SchemaLiteral, TableLiteral      string // quoted literals
 	HandOffPrefixLiteral                               string
 	DispatchedIdx, ParkedIdx                           string // named by PostgreSQL before, see autoIndexName
@@ -212,6 +213,9 @@ func (c Config) names() names {
 		HandoffIdx:     ident(c.Table + "_handoff_agg"),
 		FailedIdx:      ident(c.Table + "_failed"),
 		PartitionIdx:   ident(c.Table + "_pending_part"),
+		RowCheck:       ident(c.Table + "_row_check"),
+		RowCheckFunc:   ident(c.Schema, c.Table+"_check_row"),
+		WakeKeyLiteral: literal(wakeKey(c.Schema, c.Table)),
 		DispatchedIdx:  ident(autoIndexName(c.Table, "dispatched_at")),
 		ParkedIdx:      ident(autoIndexName(c.Table, "id")),
 

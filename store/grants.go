@@ -17,8 +17,9 @@ import (
 type Roles struct {
 	// Relay claims, marks and, for retention, deletes events: SELECT,
 	// UPDATE and DELETE on the outbox and SELECT on its migrations table
-	// (the schema check at start-up). Operator commands (stuck, retry,
-	// park, replay, cleanup) work under it too.
+	// (the schema check at start-up), and EXECUTE on the row check's
+	// function. Operator commands (stuck, retry, park, replay, cleanup)
+	// work under it too.
 	Relay string
 	// LogMode grants the relay what relay.mode log needs besides: SELECT
 	// and UPDATE on the handoff view (migration 8), and INSERT on the
@@ -26,8 +27,9 @@ type Roles struct {
 	// table. A relay in table mode never inserts, so it is not granted to.
 	LogMode bool
 	// Producer only inserts events: INSERT on the outbox, USAGE on its seq
-	// sequence and EXECUTE on the event_id default's function and on the
-	// write function (migration 7). It cannot read payloads back.
+	// sequence and EXECUTE on the event_id default's function, the row
+	// check's function and the write function (migration 7). It cannot
+	// read payloads back.
 	Producer string
 	// Consumer records processed events for deduplication: SELECT, INSERT,
 	// UPDATE and DELETE on the processed table. UPDATE is there for the row
@@ -70,6 +72,7 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			grant("SELECT, UPDATE, DELETE", "TABLE "+n.Processed, r.Relay)
 		}
 		grant("SELECT", "TABLE "+n.Migrations, r.Relay)
+		grant("EXECUTE", "FUNCTION "+n.RowCheckFunc+rowCheckArgs, r.Relay) // the row check (migration 12)
 		if r.LogMode {
 			// The table path claims through the handoff view, and the log
 			// relay inserts log-only events it hands to the table.
@@ -83,6 +86,7 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 		grant("INSERT", "TABLE "+n.Outbox, r.Producer)
 		grant("USAGE", "SEQUENCE "+seq, r.Producer)
 		grant("EXECUTE", "FUNCTION "+n.EventIDFunc+"()", r.Producer) // the event_id default
+		grant("EXECUTE", "FUNCTION "+n.RowCheckFunc+rowCheckArgs, r.Producer)
 		for _, payload := range []string{"bytea", "text", "json", "jsonb"} {
 			grant("EXECUTE", "FUNCTION "+n.WriteFunc+"(text, text, "+payload+", jsonb, text, text, timestamptz, uuid)", r.Producer)
 		}
@@ -115,6 +119,9 @@ func ApplyGrants(ctx context.Context, pool *pgxpool.Pool, cfg Config, r Roles) e
 	}
 	return nil
 }
+
+// rowCheckArgs are the argument types of migration 12's row check.
+const rowCheckArgs = "(boolean, text, text, boolean, boolean, text, text, timestamptz, jsonb)"
 
 // checkRole accepts what PostgreSQL accepts as a role name once quoted.
 func checkRole(s string) error {

@@ -128,8 +128,8 @@ func (s *Store) Sleep(ctx context.Context, limit time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("connect sleeper: %w", err)
 		}
-		// The trigger's key (migration 10).
-		err = conn.QueryRow(ctx, "SELECT hashtextextended($1, 0)", "outbox-wake:"+s.cfg.Schema+"."+s.cfg.Table).Scan(&w.key)
+		// The trigger's key (migrations 10 and 12).
+		err = conn.QueryRow(ctx, "SELECT hashtextextended($1, 0)", wakeKey(s.cfg.Schema, s.cfg.Table)).Scan(&w.key)
 		if err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return fmt.Errorf("sleeper key: %w", err)
@@ -181,3 +181,7 @@ func (w *sleeper) close(ctx context.Context) {
 		w.conn = nil
 	}
 }
+
+// wakeKey is the text whose hash is the advisory lock a sleeping relay
+// holds and a writing producer tries shared (the notify trigger's WHEN).
+func wakeKey(schema, table string) string { return "outbox-wake:" + schema + "." + table }
