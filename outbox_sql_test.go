@@ -5,9 +5,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
 
@@ -20,15 +22,21 @@ import (
 // WriteSQL writes inside a database/sql transaction, whatever the driver,
 // with the same columns as Write: keys, bytes and content types, topics,
 // deliver-at times, headers, and text that needs escaping in an array.
+// Every column goes through each driver, and through pgx natively, as one
+// statement for many messages and as the one-row statement for one.
 func TestWriteSQLWithEachDriver(t *testing.T) {
-	for _, driver := range []string{"pgx", "postgres"} {
-		t.Run(driver, func(t *testing.T) {
+	for _, tc := range []struct {
+		driver string
+		one    bool
+	}{{"pgx", false}, {"pgx", true}, {"postgres", false}, {"postgres", true}, {"native", false}, {"native", true}} {
+		t.Run(fmt.Sprintf("%s/one_at_a_time=%v", tc.driver, tc.one), func(t *testing.T) {
 			ctx := context.Background()
 			pool, cfg, _ := setup(t)
 			var db *sql.DB
-			if driver == "pgx" {
+			switch tc.driver {
+			case "pgx", "native":
 				db = stdlib.OpenDBFromPool(pool)
-			} else {
+			default:
 				var err error
 				if db, err = sql.Open("postgres", pgtest.URL(t)); err != nil {
 					t.Fatal(err)
@@ -45,16 +53,32 @@ func TestWriteSQLWithEachDriver(t *testing.T) {
 				{AggregateID: "ord_1", Type: "order.due", Payload: []byte(`null`), DeliverAt: at},
 				{AggregateID: "NULL", Type: "order.null", ContentType: "text/plain", Payload: "NULL"},
 			}
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
+			batches := [][]outbox.Message{msgs}
+			if tc.one {
+				batches = nil
+				for _, m := range msgs {
+					batches = append(batches, []outbox.Message{m})
+				}
 			}
-			if err := w.WriteSQL(ctx, tx, msgs...); err != nil {
-				_ = tx.Rollback()
-				t.Fatalf("write: %v", err)
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
+			for _, batch := range batches {
+				if tc.driver == "native" {
+					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, batch...) })
+					if err != nil {
+						t.Fatalf("write: %v", err)
+					}
+					continue
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := w.WriteSQL(ctx, tx, batch...); err != nil {
+					_ = tx.Rollback()
+					t.Fatalf("write: %v", err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			st, err := store.New(pool, cfg, nil)
 			if err != nil {

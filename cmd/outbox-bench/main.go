@@ -40,7 +40,7 @@ type config struct {
 	Outbox       string        // the outbox binary, for the rows that run it
 	Drainers     string        // drain section: the drainers to run, by key; empty: all
 	DrainCap     time.Duration // upper bound on one drain
-	Repeat       int           // rounds of the drain comparison; the best counts
+	Repeat       int           // rounds of the drain and producer comparisons; the best counts
 	BigDrainCap  time.Duration // upper bound on the large-backlog drain
 	LatencyRun   time.Duration // length of one fixed-rate latency run
 	ProducerRun  time.Duration // length of one producer throughput run

@@ -175,6 +175,20 @@ func (b *bench) produce(ctx context.Context, pool *pgxpool.Pool, n int, name str
 	return row, nil
 }
 
+// keepBest adds row to rows, or raises the row of the same variant and
+// producers to it when row is faster.
+func keepBest(rows *[]producerRow, row producerRow) {
+	for i, r := range *rows {
+		if r.Section == row.Section && r.Name == row.Name && r.Producers == row.Producers {
+			if row.TxPerSec > r.TxPerSec {
+				(*rows)[i] = row
+			}
+			return
+		}
+	}
+	*rows = append(*rows, row)
+}
+
 func (b *bench) producerSection(ctx context.Context, rep *report) error {
 	if err := b.notifySection(ctx, rep); err != nil {
 		return err
@@ -274,14 +288,18 @@ CREATE TABLE `+lines+` (
 	} else {
 		b.log.Warn("wal_level is not logical: the log-only producer is not measured", "wal_level", level)
 	}
-	for _, n := range []int{1, 16} {
-		for _, v := range variants {
-			b.settle(ctx)
-			row, err := b.produce(ctx, pool, n, v.name, v.body)
-			if err != nil {
-				return err
+	// Interleaved rounds, the best of each kept: the host's noise then
+	// weighs on a baseline and its variant alike.
+	for range b.cfg.Repeat {
+		for _, n := range []int{1, 16} {
+			for _, v := range variants {
+				b.settle(ctx)
+				row, err := b.produce(ctx, pool, n, v.name, v.body)
+				if err != nil {
+					return err
+				}
+				keepBest(&rep.Producer, row)
 			}
-			rep.Producer = append(rep.Producer, row)
 		}
 	}
 	return b.pgbenchSection(ctx, rep, cfg, orders, lines)
@@ -355,14 +373,16 @@ END;
 		}
 		tps, _ := strconv.ParseFloat(string(m[1]), 64)
 		b.log.Info("produced", "variant", name, "producers", clients, "tx_per_sec", int(tps))
-		rep.Producer = append(rep.Producer, producerRow{Name: name, Producers: clients, TxPerSec: tps,
+		keepBest(&rep.Producer, producerRow{Name: name, Producers: clients, TxPerSec: tps,
 			MeanTx: time.Duration(float64(clients) / tps * float64(time.Second))})
 		return nil
 	}
-	for _, n := range []int{1, 16} {
-		for _, name := range []string{nameSQLTwoRows, nameSQLWithEvent} {
-			if err := run(name, n); err != nil {
-				return err
+	for range b.cfg.Repeat {
+		for _, n := range []int{1, 16} {
+			for _, name := range []string{nameSQLTwoRows, nameSQLWithEvent} {
+				if err := run(name, n); err != nil {
+					return err
+				}
 			}
 		}
 	}
