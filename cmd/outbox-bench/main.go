@@ -100,7 +100,7 @@ func main() {
 	fs.StringVar(&c.Outbox, "outbox", "", "the outbox binary (go build ./cmd/outbox) for the rows that run `outbox relay`")
 	fs.StringVar(&c.Drainers, "drainers", "", "drain section: run only these, separated by commas: floor, binary-ordered, binary-unordered, binary-log, binary-logonly, library-ordered, library-unordered, watermill-default, watermill-queue")
 	fs.DurationVar(&c.DrainCap, "drain-cap", c.DrainCap, "upper bound on one drain; the rate is taken over what drained")
-	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain comparison, interleaved; each drainer's best round counts")
+	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain and producer comparisons, interleaved; each variant's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")
 	fs.DurationVar(&c.LatencyRun, "latency-run", c.LatencyRun, "length of one fixed-rate latency run")
 	fs.DurationVar(&c.ProducerRun, "producer-run", c.ProducerRun, "length of one producer throughput run")
