@@ -11,8 +11,9 @@ import (
 )
 
 // Insert is the producer's statement: any number of rows in one statement
-// and one round trip; one row, the common case, as plain VALUES. The table's trigger (migration 4) sends the NOTIFY
-// that wakes relays, so the statement does not.
+// and one round trip; one row, the common case, as plain VALUES. The
+// table's trigger (migration 4) sends the NOTIFY that wakes relays, so the
+// statement does not.
 type Insert struct {
 	pgx, std string // any number of rows, as arrays
 	one      string // one row: unnest's arrays cost a lone event more than VALUES
@@ -120,7 +121,6 @@ func (i *Insert) ExecSQL(ctx context.Context, tx SQLExecer, rows InsertRows) err
 	return nil
 }
 
-// orNil gives unnest a column of n NULLs for a slice left nil.
 // row returns row i as the arguments of the one-row statement, nil for
 // NULL.
 func (r InsertRows) row(i int) []any {
@@ -140,6 +140,7 @@ func (r InsertRows) row(i int) []any {
 	return []any{r.IDs[i], r.AggregateIDs[i], r.Types[i], ptr(r.Payloads), bytes, ptr(r.ContentTypes), ptr(r.Topics), deliver, ptr(r.Headers)}
 }
 
+// orNil gives unnest a column of n NULLs for a slice left nil.
 func orNil[T any](v []T, n int) []T {
 	if v == nil {
 		return make([]T, n)
