@@ -3,11 +3,13 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
@@ -252,6 +254,7 @@ func TestTableChecksOfMigration7(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := pgtest.Schema(t)
 	in := newInstance(t, pool, cfg)
+	table := in.cfg.Table
 	for _, tc := range []struct {
 		name, cols, vals, check string
 	}{
@@ -273,6 +276,14 @@ func TestTableChecksOfMigration7(t *testing.T) {
 			_, err := pool.Exec(ctx, "INSERT INTO "+in.table()+" ("+tc.cols+") VALUES ("+tc.vals+")")
 			if err == nil || !strings.Contains(err.Error(), tc.check) {
 				t.Fatalf("err = %v, want the %s check to refuse the row", err, tc.check)
+			}
+			// As PostgreSQL reports a check: clients match on the code and
+			// the constraint field, people read what the rule wants.
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != table+tc.check ||
+				pgErr.TableName != table || !strings.Contains(pgErr.Message, " must ") && !strings.Contains(pgErr.Message, " may not ") &&
+				!strings.Contains(pgErr.Message, " needs ") {
+				t.Fatalf("err = %#v, want SQLSTATE 23514 naming constraint %s%s and saying what it wants", err, table, tc.check)
 			}
 		})
 	}
