@@ -97,6 +97,7 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 	quoted := []string{
 		// Migration 9's literals: the message prefix, the schema and table.
 		literal("outbox:" + sc.Schema + "." + sc.Table),
+		literal("outbox-wake:" + sc.Schema + "." + sc.Table), // migration 12's wake-up key
 		literal(sc.Schema),
 		literal(sc.Table),
 		pgx.Identifier{sc.Schema, sc.Table + "_log_write"}.Sanitize(),
@@ -108,9 +109,11 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.Schema, sc.Table + "_handoff"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_schedule"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_write"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_check_row"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_key_sync"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table}.Sanitize(),
 		pgx.Identifier{sc.Table + "_reserved_check"}.Sanitize(),
+		pgx.Identifier{sc.Table + "_row_check"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_deliver_check"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_payload_check"}.Sanitize(),
 		pgx.Identifier{sc.Table + "_ctype_check"}.Sanitize(),
@@ -136,9 +139,10 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		pgx.Identifier{sc.ProcessedTable + "_at"}.Sanitize(),
 		pgx.Identifier{sc.Schema}.Sanitize(),
 		pgx.Identifier{role}.Sanitize(),
-		// Literals that hold double quotes: the header check's path, a
-		// collation and the notify channel (its quoting is tested against a server).
+		// Literals that hold double quotes: the header check's path, the
+		// row check's message, a collation and the notify channel (its quoting is tested against a server).
 		`'$.* ? (@.type() != "string")'`,
+		`'new row for relation "%" violates check constraint "%": %'`, // migration 12's error, as PostgreSQL words it
 		`COLLATE "C"`, // migration 7's byte-wise key column
 		"E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(sc.NotifyChannel) + "'",
 	}
