@@ -176,12 +176,10 @@ VALUES ($1, $2, $3, '{}', $4::jsonb, $5) RETURNING id`, uid, agg, r.typ, headers
 			t.Errorf("row %d was held or parked; want it left alone", i+1)
 		}
 	}
-	// Every row now passes the checks, so a DBA can validate them (since
-	// migration 12, one check stands for migration 4's two).
-	for _, c := range []string{"events_outbox_row_check"} {
-		if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` VALIDATE CONSTRAINT `+quote(c)); err != nil {
-			t.Errorf("validate %s: %v", c, err)
-		}
+	// Every row now passes the check, so a DBA can validate it (since
+	// migration 12 one check stands for migration 4's two).
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` VALIDATE CONSTRAINT events_outbox_row_check`); err != nil {
+		t.Errorf("validate the row check: %v", err)
 	}
 	// An operator can still park a held bad row.
 	st, err := store.New(pool, cfg, nil)
