@@ -83,7 +83,7 @@ func (i *Insert) ExecSQL(ctx context.Context, tx SQLExecer, rows InsertRows) err
 	n := len(rows.IDs)
 	if n == 1 {
 		args := rows.row(0)
-		if t, ok := args[7].(*time.Time); ok && t != nil {
+		if t, ok := args[7].(time.Time); ok {
 			args[7] = t.Format(time.RFC3339Nano) // as the array form sends it: every driver passes a string
 		}
 		if _, err := tx.ExecContext(ctx, i.one, args...); err != nil {
@@ -135,7 +135,7 @@ func (r InsertRows) row(i int) []any {
 		bytes = r.Bytes[i]
 	}
 	if i < len(r.DeliverAt) && r.DeliverAt[i] != nil {
-		deliver = r.DeliverAt[i]
+		deliver = *r.DeliverAt[i]
 	}
 	return []any{r.IDs[i], r.AggregateIDs[i], r.Types[i], ptr(r.Payloads), bytes, ptr(r.ContentTypes), ptr(r.Topics), deliver, ptr(r.Headers)}
 }
