@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -332,6 +333,9 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 			rate    int
 			logMode bool
 		}{{1000, false}, {1000, true}, {5000, false}, {5000, true}} {
+			if name := br.name + map[bool]string{true: ", log mode"}[run.logMode]; !b.latencyPath(name) {
+				continue
+			}
 			b.settle(ctx)
 			row, err := b.e2eRun(ctx, br, run.rate, run.logMode)
 			if err != nil {
@@ -346,6 +350,9 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 	}
 	for _, wakeups := range []bool{true, false} {
 		for _, rate := range []int{100, 1000, 5000} {
+			if !b.latencyPath("in process") {
+				continue
+			}
 			b.settle(ctx)
 			row, err := b.latencyRun(ctx, rate, wakeups)
 			if err != nil {
@@ -355,4 +362,20 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 		}
 	}
 	return nil
+}
+
+// latencyPath says whether the run's -latency-paths lets the path run: a
+// path runs when every word of one of the list's entries is in its name.
+func (b *bench) latencyPath(name string) bool {
+	if b.cfg.LatencyPaths == "" {
+		return true
+	}
+	name = strings.ToLower(name)
+	for _, entry := range strings.Split(strings.ToLower(b.cfg.LatencyPaths), ",") {
+		words := strings.Fields(entry)
+		if len(words) > 0 && !slices.ContainsFunc(words, func(w string) bool { return !strings.Contains(name, w) }) {
+			return true
+		}
+	}
+	return false
 }

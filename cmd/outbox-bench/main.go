@@ -43,6 +43,7 @@ type config struct {
 	Repeat       int           // rounds of the drain and producer comparisons; the best counts
 	BigDrainCap  time.Duration // upper bound on the large-backlog drain
 	LatencyRun   time.Duration // length of one fixed-rate latency run
+	LatencyPaths string        // latency section: entries separated by commas; a path runs when its name holds every word of one; empty: all
 	ProducerRun  time.Duration // length of one producer throughput run
 	BrokerEvents int           // events per broker run
 
@@ -103,6 +104,7 @@ func main() {
 	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "rounds of the drain and producer comparisons, interleaved; each variant's best round counts")
 	fs.DurationVar(&c.BigDrainCap, "big-drain-cap", c.BigDrainCap, "upper bound on the large-backlog drain")
 	fs.DurationVar(&c.LatencyRun, "latency-run", c.LatencyRun, "length of one fixed-rate latency run")
+	fs.StringVar(&c.LatencyPaths, "latency-paths", "", "latency section: run only the paths whose name holds every word of one of these entries, separated by commas (e.g. \"rabbitmq log,in process\")")
 	fs.DurationVar(&c.ProducerRun, "producer-run", c.ProducerRun, "length of one producer throughput run")
 	fs.IntVar(&c.BrokerEvents, "broker-events", c.BrokerEvents, "events per broker run")
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
