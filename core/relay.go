@@ -644,6 +644,8 @@ func (r *Relay) work(ctx context.Context) {
 	// do not contend for the relay's context to register and remove them.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	pctx := newPublishCtx(ctx, r.opts.PublishTimeout)
+	defer pctx.close()
 	for {
 		it, ok := r.lanes.take()
 		if !ok {
@@ -654,10 +656,10 @@ func (r *Relay) work(ctx context.Context) {
 		case ctx.Err() != nil:
 			r.lanes.finish(it, stLeft, nil) // a hard stop: leave it pending
 		case it.b.handOffer != nil:
-			st, err := r.publishOrHandOff(ctx, it.b.handOffer, e)
+			st, err := r.publishOrHandOff(ctx, pctx, it.b.handOffer, e)
 			r.lanes.finish(it, st, err)
 		default:
-			err := r.publish(ctx, e)
+			err := r.publish(ctx, pctx, e)
 			// Cancelled by a hard stop: not the event's fault; leave it pending.
 			if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 				r.lanes.finish(it, stLeft, nil)
@@ -670,12 +672,13 @@ func (r *Relay) work(ctx context.Context) {
 	}
 }
 
-// publish makes one publish attempt, bounded by PublishTimeout.
-func (r *Relay) publish(ctx context.Context, e *Event) error {
+// publish makes one publish attempt under pctx, the lane's context ctx
+// bounded by PublishTimeout.
+func (r *Relay) publish(ctx context.Context, pctx *publishCtx, e *Event) error {
 	start := time.Now()
-	pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+	pctx.start(start)
 	err := r.pub.Publish(pctx, e)
-	cancel()
+	pctx.stop()
 	r.obs.Published(e, time.Since(start), err)
 	if err != nil && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
 		r.log.Warn("publish failed", "event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID,
@@ -688,7 +691,7 @@ func (r *Relay) publish(ctx context.Context, e *Event) error {
 // is published, retried in place through transient failures, or handed
 // off (its error, if any, is the failure recorded with it). stLeft means
 // the relay stopped first.
-func (r *Relay) publishOrHandOff(ctx context.Context, h HandOffer, e *Event) (state, error) {
+func (r *Relay) publishOrHandOff(ctx context.Context, pctx *publishCtx, h HandOffer, e *Event) (state, error) {
 	off, ok := retryRecord(ctx, r, "check hand-off", func() (bool, error) { return h.MustHandOff(ctx, e) })
 	switch {
 	case !ok:
@@ -702,7 +705,7 @@ func (r *Relay) publishOrHandOff(ctx context.Context, h HandOffer, e *Event) (st
 	var firstFailure int64
 	for attempt := 0; ; attempt++ {
 		start := time.Now().UnixNano()
-		err := r.publish(ctx, e)
+		err := r.publish(ctx, pctx, e)
 		if err == nil {
 			r.published.Store(time.Now().UnixNano())
 			return stPublished, nil

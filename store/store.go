@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -112,7 +113,7 @@ ORDER BY c.seq`
 	s := &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
 		claimUnordered: unordered,
-		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
+		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1::text::bigint[])`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
 SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
@@ -186,7 +187,7 @@ WITH held AS MATERIALIZED (
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
     GROUP BY aggregate_id
 ), mine AS MATERIALIZED (
-    SELECT unnest($4::bigint[]) AS seq
+    SELECT unnest($4::text::bigint[]) AS seq
 ), pre AS MATERIALIZED (
     SELECT seq, aggregate_id FROM (
         ` + strings.Join(scans, "\n        UNION ALL ") + `
@@ -207,6 +208,21 @@ SELECT ` + claimResult + `,
        s.seq IS NULL OR c.seq < s.seq
 FROM cand c LEFT JOIN skipped s ON s.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
 ORDER BY c.seq`
+}
+
+// seqArray writes seqs as an array literal. The relay's in-flight set
+// runs to thousands of seqs per claim, and pgx's array encoding allocates
+// for each element.
+func seqArray(seqs []int64) string {
+	b := make([]byte, 0, 2+len(seqs)*8)
+	b = append(b, '{')
+	for i, seq := range seqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, seq, 10)
+	}
+	return string(append(b, '}'))
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -236,7 +252,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	from := s.from.get()
 	q, args := s.claimUnordered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from}
 	if !req.Unordered {
-		q, args[3] = s.claimAll, req.InFlight
+		q, args[3] = s.claimAll, seqArray(req.InFlight)
 		if o := s.share.owned.Load(); o != nil {
 			q = o.claim
 		}
@@ -274,17 +290,22 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
 	var rejectedAggs map[string]bool
 	candidates, last := 0, int64(0)
+	// One set of scan destinations for the whole claim: taking their
+	// addresses per row would allocate each of them for every event.
+	var (
+		e                  core.Event
+		bytes              []byte
+		contentType, topic *string
+		headers            *string
+		size               int64
+		within, passes     bool
+	)
+	dest := []any{&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &bytes, &contentType, &topic, &headers,
+		&e.CreatedAt, &e.Attempts, &size, &within, &passes}
 	for rows.Next() {
-		var (
-			e                  core.Event
-			bytes              []byte
-			contentType, topic *string
-			headers            *string
-			size               int64
-			within, passes     bool
-		)
-		if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &bytes, &contentType, &topic, &headers,
-			&e.CreatedAt, &e.Attempts, &size, &within, &passes); err != nil {
+		// Cleared, so that no row's values can share memory with the last.
+		e, bytes, contentType, topic, headers = core.Event{}, nil, nil, nil, nil
+		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
 			_ = br.Close()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -394,7 +415,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	c.tx = nil
 	b := &pgx.Batch{}
 	if len(done) > 0 {
-		b.Queue(c.s.markDone, done)
+		b.Queue(c.s.markDone, seqArray(done))
 	}
 	if len(failed) > 0 {
 		ids := make([]int64, len(failed))

@@ -50,6 +50,7 @@ type config struct {
 	Out        string // Markdown report; empty: print only
 	Chart      string // SVG chart; default: next to Out
 	CPUProfile string
+	MemProfile string
 	Only       string // run one section: drain, latency, producer, brokers, scale, producers
 	Render     string // re-render the report from this JSON file instead of measuring
 }
@@ -110,6 +111,7 @@ func main() {
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
+	fs.StringVar(&c.MemProfile, "memprofile", "", "write an allocation profile of the whole run here")
 	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, producer, brokers, scale or producers")
 	fs.StringVar(&c.Render, "render", "", "write -out again from the figures saved beside an earlier report (its .json)")
 	_ = fs.Parse(os.Args[1:])
@@ -140,10 +142,28 @@ func main() {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	if err := run(ctx, c, log); err != nil {
+	err := run(ctx, c, log)
+	if c.MemProfile != "" {
+		if err := writeMemProfile(c.MemProfile); err != nil {
+			log.Error("write allocation profile", "error", err)
+		}
+	}
+	if err != nil {
 		log.Error("bench failed", "error", err)
 		os.Exit(1)
 	}
+}
+
+func writeMemProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func envURL() string {
