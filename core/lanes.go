@@ -90,7 +90,13 @@ type lanes struct {
 	// roomBelow: kick is signalled when waiting falls below it.
 	roomBelow int
 	kick      chan struct{}
+	// spare holds emptied queues for reuse: most aggregates have one
+	// event in flight, so a queue would otherwise be made for each event.
+	spare []*queue
 }
+
+// maxSpare bounds the emptied queues kept for reuse.
+const maxSpare = 1024
 
 func newLanes(ordered bool, roomBelow int, drop func(*batch)) *lanes {
 	l := &lanes{
@@ -150,7 +156,12 @@ func (l *lanes) add(b *batch) bool {
 				continue
 			}
 			if q = l.queues[key]; q == nil {
-				q = &queue{key: key}
+				if n := len(l.spare); n > 0 {
+					q, l.spare = l.spare[n-1], l.spare[:n-1]
+					q.key = key
+				} else {
+					q = &queue{key: key}
+				}
 				l.queues[key] = q
 			}
 		}
@@ -231,7 +242,12 @@ func (l *lanes) finish(it item, st state, err error) {
 			l.ready = append(l.ready, q)
 			l.cond.Signal()
 		} else {
+			// Neither busy nor ready: nothing else refers to it.
 			delete(l.queues, key)
+			if len(l.spare) < maxSpare {
+				*q = queue{items: q.items[:0]}
+				l.spare = append(l.spare, q)
+			}
 		}
 	}
 	l.mu.Unlock()
