@@ -148,6 +148,8 @@ type Failure struct {
 // Publisher sends one event to a broker and returns nil only once the broker
 // has it durably. It must be safe for concurrent use: the relay calls it from
 // several lanes at once, never with two events of one aggregate concurrently.
+// ctx carries the publish's deadline (PublishTimeout); a lane reuses it for
+// its next publish, so it must not be kept after Publish returns.
 type Publisher interface {
 	Publish(ctx context.Context, e *Event) error
 	Close() error
