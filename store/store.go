@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -113,7 +112,7 @@ ORDER BY c.seq`
 	s := &Store{
 		pool: pool, cfg: cfg, n: n, log: log,
 		claimUnordered: unordered,
-		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1::text::bigint[])`,
+		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
 SET attempts = o.attempts + 1, last_error = f.reason, retry_at = COALESCE(f.retry_at, 'infinity'), failed_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry_at)
@@ -187,7 +186,7 @@ WITH held AS MATERIALIZED (
     WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
     GROUP BY aggregate_id
 ), mine AS MATERIALIZED (
-    SELECT unnest($4::text::bigint[]) AS seq
+    SELECT unnest($4::bigint[]) AS seq
 ), pre AS MATERIALIZED (
     SELECT seq, aggregate_id FROM (
         ` + strings.Join(scans, "\n        UNION ALL ") + `
@@ -208,21 +207,6 @@ SELECT ` + claimResult + `,
        s.seq IS NULL OR c.seq < s.seq
 FROM cand c LEFT JOIN skipped s ON s.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
 ORDER BY c.seq`
-}
-
-// seqArray writes seqs as an array literal. The relay's in-flight set
-// runs to thousands of seqs per claim, and pgx's array encoding allocates
-// for each element.
-func seqArray(seqs []int64) string {
-	b := make([]byte, 0, 2+len(seqs)*8)
-	b = append(b, '{')
-	for i, seq := range seqs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, seq, 10)
-	}
-	return string(append(b, '}'))
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -252,7 +236,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	from := s.from.get()
 	q, args := s.claimUnordered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from}
 	if !req.Unordered {
-		q, args[3] = s.claimAll, seqArray(req.InFlight)
+		q, args[3] = s.claimAll, req.InFlight
 		if o := s.share.owned.Load(); o != nil {
 			q = o.claim
 		}
@@ -415,7 +399,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	c.tx = nil
 	b := &pgx.Batch{}
 	if len(done) > 0 {
-		b.Queue(c.s.markDone, seqArray(done))
+		b.Queue(c.s.markDone, done)
 	}
 	if len(failed) > 0 {
 		ids := make([]int64, len(failed))
