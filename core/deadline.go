@@ -8,8 +8,8 @@ import (
 
 // publishCtx is a lane's context with a deadline that moves: it bounds
 // the lane's publishes, one at a time, by PublishTimeout. A context and a
-// timer made for every publish were a tenth of the relay's CPU at tens of
-// thousands of events a second; this one is made once per lane.
+// timer made for every publish were 6% of the relay's CPU and four
+// allocations per event; this one is made once per lane.
 //
 // It behaves as context.WithTimeout would for each publish: Done closes
 // and Err is context.DeadlineExceeded when the publish outlives its
