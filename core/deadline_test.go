@@ -96,3 +96,4 @@ func TestPublishCtxLaneEndsAfterATimeout(t *testing.T) {
 	}
 	<-p.Done()
 }
+

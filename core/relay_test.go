@@ -620,3 +620,44 @@ func TestOptionsHaveDefaults(t *testing.T) {
 		t.Errorf("Options() = %+v, want the defaults filled in around Lanes 3", got)
 	}
 }
+
+// The relay bounds each publish by PublishTimeout on its lane's one
+// context: a publish that hangs is cut with the deadline's error, and the
+// lane's next publish, the retry, gets a live context.
+func TestRelayCutsAHungPublishAndRetriesIt(t *testing.T) {
+	s := memstore.New()
+	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "a"})
+	var (
+		mu   sync.Mutex
+		cut  []error
+		sent log
+	)
+	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
+		mu.Lock()
+		first := len(cut) == 0
+		mu.Unlock()
+		if first {
+			<-ctx.Done() // a broker that never answers
+			mu.Lock()
+			cut = append(cut, ctx.Err())
+			mu.Unlock()
+			return ctx.Err()
+		}
+		if err := ctx.Err(); err != nil {
+			return err // a context left done: the events stay pending
+		}
+		sent.add(e)
+		return nil
+	})
+	startRelay(t, s, pub, core.Options{Lanes: 1, PublishTimeout: 50 * time.Millisecond, PollInterval: 5 * time.Millisecond,
+		RetryBackoff: core.Backoff{Min: time.Millisecond, Max: time.Millisecond}})
+	waitFor(t, "both events to be published after the hung publish", drained(s))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(cut) != 1 || !errors.Is(cut[0], context.DeadlineExceeded) {
+		t.Fatalf("the hung publish saw %v, want the deadline's error", cut)
+	}
+	if got := sent.ids(); !slices.Equal(got, ids) {
+		t.Fatalf("published %v, want %v in order after the retry", got, ids)
+	}
+}

@@ -333,7 +333,11 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 			rate    int
 			logMode bool
 		}{{1000, false}, {1000, true}, {5000, false}, {5000, true}} {
-			if name := br.name + map[bool]string{true: ", log mode"}[run.logMode]; !b.latencyPath(name) {
+			name := br.name
+			if run.logMode {
+				name += ", log mode"
+			}
+			if !b.latencyPath(name) {
 				continue
 			}
 			b.settle(ctx)
