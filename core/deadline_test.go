@@ -96,4 +96,3 @@ func TestPublishCtxLaneEndsAfterATimeout(t *testing.T) {
 	}
 	<-p.Done()
 }
-
