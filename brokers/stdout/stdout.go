@@ -120,10 +120,6 @@ func (p *Publisher) writeLine(ctx context.Context, line []byte) error {
 	p.pending = append(append(p.pending, line...), '\n')
 	mine := p.next
 	p.mu.Unlock()
-	// Let the other publishes that are ready to run append their lines
-	// first: on a busy core they run one after another, and without the
-	// yield each would make a system call of its own.
-	runtime.Gosched()
 	for {
 		select {
 		case <-mine.done:
@@ -133,10 +129,36 @@ func (p *Publisher) writeLine(ctx context.Context, line []byte) error {
 		case p.turn <- struct{}{}:
 			// While this turn is held no other write runs, so mine is
 			// either written already or is the write made now.
+			p.gather()
 			p.flush()
 			<-p.turn
 		}
 	}
+}
+
+// maxGather bounds the yields of one gather.
+const maxGather = 8
+
+// gather lets the publishes that are ready to run append their lines
+// before the write: on a busy core they run one after another, and each
+// would otherwise make a system call of its own. It yields while the
+// pending lines grow, so an idle relay's lone line is written at once.
+func (p *Publisher) gather() {
+	n := p.pendingLen()
+	for range maxGather {
+		runtime.Gosched()
+		m := p.pendingLen()
+		if m == n {
+			return
+		}
+		n = m
+	}
+}
+
+func (p *Publisher) pendingLen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
 }
 
 // flush writes what is pending; the caller holds the turn.

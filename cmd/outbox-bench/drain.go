@@ -38,8 +38,25 @@ type rate struct {
 	Allocs float64
 }
 
-// benchRelayApp is the application_name of the library relays' sessions.
-const benchRelayApp = "outbox-bench-relay"
+// The application_name of the library relays' sessions and the floor's,
+// so that their server processes' CPU can be found.
+const (
+	benchRelayApp = "outbox-bench-relay"
+	benchFloorApp = "outbox-bench-floor"
+)
+
+// namedURL is the database URL with app as its application_name.
+func (b *bench) namedURL(app string) string {
+	url := b.cfg.DatabaseURL
+	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
+		}
+		url += sep + "application_name=" + app
+	}
+	return url
+}
 
 func rusageCPU(u syscall.Rusage) time.Duration {
 	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
@@ -173,16 +190,7 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 		}
 	}()
 	for range replicas {
-		// Named, so that their server processes' CPU can be found.
-		url := b.cfg.DatabaseURL
-		if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
-			sep := "?"
-			if strings.Contains(url, "?") {
-				sep = "&"
-			}
-			url += sep + "application_name=" + benchRelayApp
-		}
-		pool, err := openPool(ctx, url, 4, nil)
+		pool, err := openPool(ctx, b.namedURL(benchRelayApp), 4, nil)
 		if err != nil {
 			return drainResult{}, err
 		}
@@ -242,11 +250,14 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 // floorDrain is the same claim-and-mark loop as bare SQL on one
 // connection, publishing nothing: what PostgreSQL itself allows.
 func (b *bench) floorDrain(ctx context.Context, cfg store.Config, n int, limit time.Duration) (rate, error) {
-	pool, err := openPool(ctx, b.cfg.DatabaseURL, 2, nil)
+	pool, err := openPool(ctx, b.namedURL(benchFloorApp), 2, nil)
 	if err != nil {
 		return rate{}, err
 	}
 	defer pool.Close()
+	var usage syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
+	cpuBefore := rusageCPU(usage)
 	t := outboxTable(cfg)
 	claim := `SELECT seq, event_id::text, aggregate_id::text, type, payload, headers, created_at, attempts FROM ` + t + `
 WHERE dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())
@@ -295,7 +306,10 @@ ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 		}
 		done += int64(len(ids))
 	}
-	r := rate{Name: "SQL floor", Events: done, Elapsed: time.Since(start),
+	elapsed := time.Since(start)
+	dbCPU := b.sessionCPU(ctx, benchFloorApp)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
+	r := rate{Name: "SQL floor", Events: done, Elapsed: elapsed, RelayCPU: rusageCPU(usage) - cpuBefore, DBCPU: dbCPU,
 		Note: fmt.Sprintf("bare claim-and-mark, 1 connection, batch %d", batch)}
 	b.log.Info("drained", "name", r.Name, "events", done, "took", r.Elapsed.Round(time.Millisecond), "per_sec", int(r.PerSec()))
 	return r, nil
