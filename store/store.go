@@ -253,9 +253,11 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	// pending row and join the candidates to the gate in nested loops,
 	// which turns a claim of a few hundred events into seconds. The joins
 	// are over the claim's own few rows, so hashing them is always fine.
-	// Both statements go in one round trip.
+	// Planned once per session: the plan's shape does not depend on the
+	// arguments, and planning the ordered claim for every batch cost a
+	// fifth of its execution. Both statements go in one round trip.
 	b := &pgx.Batch{}
-	b.Queue(`SET LOCAL enable_nestloop = off`)
+	b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`)
 	b.Queue(q, args...)
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
