@@ -46,10 +46,11 @@ type Line struct {
 // Publisher writes events to an io.Writer.
 //
 // Concurrent publishes are joined: each appends its line to the pending
-// buffer, and whichever holds the write turn writes everything pending in
-// one call, so a relay publishing on many lanes makes one system call for
-// many events instead of one each. No publish returns before its own line
-// was written.
+// buffer, and whichever holds the write turn lets the publishes ready to
+// run append theirs, then writes everything pending in one call, so a
+// relay publishing on many lanes makes one system call for many events
+// instead of one each. No publish returns before its own line was
+// written.
 type Publisher struct {
 	w      io.Writer
 	topics *brokers.Routing
