@@ -41,8 +41,9 @@ type rate struct {
 // The application_name of the library relays' sessions and the floor's,
 // so that their server processes' CPU can be found.
 const (
-	benchRelayApp = "outbox-bench-relay"
-	benchFloorApp = "outbox-bench-floor"
+	benchRelayApp   = "outbox-bench-relay"
+	benchFloorApp   = "outbox-bench-floor"
+	benchLatencyApp = "outbox-bench-latency"
 )
 
 // namedURL is the database URL with app as its application_name.

@@ -99,10 +99,27 @@ type timedStore struct {
 	*store.Store
 	mu     sync.Mutex
 	claims map[string][2]time.Time
+
+	// Set, a claim that runs past slowClaim is watched from another
+	// session: what pg_stat_activity says the claim's statement waits on,
+	// sampled every few milliseconds until the claim returns.
+	watch *pgxpool.Pool
+	app   string         // the relay sessions' application_name
+	waits map[string]int // samples by wait event; "running" when none
 }
+
+// slowClaim is how long a claim runs before it is watched.
+const slowClaim = 5 * time.Millisecond
 
 func (t *timedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	start := time.Now()
+	var watched chan struct{}
+	if t.watch != nil {
+		done := make(chan struct{})
+		watched = make(chan struct{})
+		defer func() { close(done); <-watched }()
+		go func() { defer close(watched); t.sample(ctx, done) }()
+	}
 	c, err := t.Store.Claim(ctx, req)
 	if err != nil {
 		return c, err
@@ -114,6 +131,61 @@ func (t *timedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Cla
 	}
 	t.mu.Unlock()
 	return c, nil
+}
+
+// sample records the wait events of the relay's claim statements every
+// 2ms from slowClaim on, until done closes. A sample that finds no claim
+// statement active counts as "not in a statement": the time is the
+// client's (the round trips, the relay process waiting for a CPU).
+func (t *timedStore) sample(ctx context.Context, done <-chan struct{}) {
+	tick := time.NewTimer(slowClaim)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		rows, err := t.watch.Query(ctx, `SELECT state || ' ' || CASE WHEN query LIKE '%SKIP LOCKED%' THEN 'claim' ELSE btrim(regexp_replace(left(query, 40), '\s+', ' ', 'g')) END || coalesce(' ' || wait_event_type || ':' || wait_event, '')
+FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'`, t.app)
+		if err != nil {
+			return
+		}
+		waits, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return
+		}
+		if len(waits) == 0 {
+			waits = []string{"not in a statement"}
+		}
+		t.mu.Lock()
+		for _, w := range waits {
+			t.waits[w]++
+		}
+		t.mu.Unlock()
+		tick.Reset(2 * time.Millisecond)
+	}
+}
+
+// waitSummary lists the sampled waits, most frequent first.
+func (t *timedStore) waitSummary() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.waits) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(t.waits))
+	for k := range t.waits {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(t.waits[b], t.waits[a]), cmp.Compare(a, b)) })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, t.waits[k]))
+	}
+	return fmt.Sprintf("; claims over %s, sampled every 2ms: %s", slowClaim, strings.Join(parts, ", "))
 }
 
 // tail splits the latencies of the events at or above the p-th percentile
@@ -237,7 +309,7 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 		return latencyRow{}, err
 	}
 	defer drop()
-	relayPool, err := openPool(ctx, b.cfg.DatabaseURL, 4, nil)
+	relayPool, err := openPool(ctx, b.namedURL(benchLatencyApp), 4, nil)
 	if err != nil {
 		return latencyRow{}, err
 	}
@@ -252,7 +324,7 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	if err != nil {
 		return latencyRow{}, fmt.Errorf("new store: %w", err)
 	}
-	st := &timedStore{Store: pst, claims: map[string][2]time.Time{}}
+	st := &timedStore{Store: pst, claims: map[string][2]time.Time{}, watch: b.pool, app: benchLatencyApp, waits: map[string]int{}}
 	rec := newStamps()
 	opts := b.relayOptions(false, nil)
 	opts.DisableWakeups = !wakeups
@@ -311,7 +383,7 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	lat, missing := rec.latencies()
 	row := latencyRow{Rate: rate, Wakeups: wakeups, Path: "in process", Events: len(lat), Missing: missing,
 		P50: percentile(lat, 50), P99: percentile(lat, 99), P999: percentile(lat, 99.9), Max: percentile(lat, 100),
-		Note: st.tail(rec, 99) + poolWaits(relayPool, warm)}
+		Note: st.tail(rec, 99) + poolWaits(relayPool, warm) + st.waitSummary()}
 	if el := last.Sub(start); el > 0 {
 		row.Achieved = float64(len(lat)+missing) / el.Seconds()
 	}
