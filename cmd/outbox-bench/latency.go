@@ -101,11 +101,11 @@ type timedStore struct {
 	claims map[string][2]time.Time
 
 	// Set, a claim that runs past slowClaim is watched from another
-	// session: what pg_stat_activity says the claim's statement waits on,
+	// session: what pg_stat_activity says the relay's sessions are doing,
 	// sampled every few milliseconds until the claim returns.
 	watch *pgxpool.Pool
 	app   string         // the relay sessions' application_name
-	waits map[string]int // samples by wait event; "running" when none
+	waits map[string]int // samples by state, statement and wait event
 }
 
 // slowClaim is how long a claim runs before it is watched.
@@ -133,10 +133,11 @@ func (t *timedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Cla
 	return c, nil
 }
 
-// sample records the wait events of the relay's claim statements every
-// 2ms from slowClaim on, until done closes. A sample that finds no claim
-// statement active counts as "not in a statement": the time is the
-// client's (the round trips, the relay process waiting for a CPU).
+// sample records, every 2ms from slowClaim on until done closes, each
+// busy relay session's state, the start of its statement and its wait
+// event (none: on a CPU). A sample that finds every relay session idle
+// counts as "not in a statement": the time is the client's (the round
+// trips, the relay process waiting for a CPU).
 func (t *timedStore) sample(ctx context.Context, done <-chan struct{}) {
 	tick := time.NewTimer(slowClaim)
 	defer tick.Stop()
@@ -148,7 +149,7 @@ func (t *timedStore) sample(ctx context.Context, done <-chan struct{}) {
 			return
 		case <-tick.C:
 		}
-		rows, err := t.watch.Query(ctx, `SELECT state || ' ' || CASE WHEN query LIKE '%SKIP LOCKED%' THEN 'claim' ELSE btrim(regexp_replace(left(query, 40), '\s+', ' ', 'g')) END || coalesce(' ' || wait_event_type || ':' || wait_event, '')
+		rows, err := t.watch.Query(ctx, `SELECT state || ' ' || btrim(regexp_replace(left(query, 40), '\s+', ' ', 'g')) || coalesce(' ' || wait_event_type || ':' || wait_event, '')
 FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'`, t.app)
 		if err != nil {
 			return
