@@ -26,17 +26,7 @@ func TestClaimAfterStatisticsOfADispatchedTable(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	in := newInstance(t, pool, cfg)
 	ctx := context.Background()
-	produce := func(n int) {
-		t.Helper()
-		evs := make([]core.Event, n)
-		for i := range evs {
-			evs[i] = core.Event{AggregateID: uuid.NewString(), Type: "a.b", Payload: []byte(`{}`)}
-		}
-		if err := in.Produce(ctx, evs, true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	produce(200)
+	in.produceSpread(ctx, t, 200)
 	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
@@ -48,10 +38,10 @@ func TestClaimAfterStatisticsOfADispatchedTable(t *testing.T) {
 	if err := c.Complete(ctx, ids, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "ANALYZE "+pgx.Identifier{in.cfg.Schema, in.cfg.Table}.Sanitize()); err != nil {
+	if _, err := pool.Exec(ctx, "ANALYZE "+in.table()); err != nil {
 		t.Fatal(err)
 	}
-	produce(500)
+	in.produceSpread(ctx, t, 500)
 	start := time.Now()
 	c, err = in.s.Claim(ctx, core.ClaimOptions{Limit: 500})
 	if err != nil {
@@ -82,16 +72,6 @@ func TestClaimPlansOutliveTheTableTheyWereMadeFor(t *testing.T) {
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, "LOAD 'auto_explain'"); err != nil {
 		t.Skipf("auto_explain cannot be loaded by this role: %v", err)
-	}
-	produce := func(n int) {
-		t.Helper()
-		evs := make([]core.Event, n)
-		for i := range evs {
-			evs[i] = core.Event{AggregateID: uuid.NewString(), Type: "a.b", Payload: []byte(`{}`)}
-		}
-		if err := in.Produce(ctx, evs, true); err != nil {
-			t.Fatal(err)
-		}
 	}
 
 	var mu sync.Mutex
@@ -136,11 +116,10 @@ func TestClaimPlansOutliveTheTableTheyWereMadeFor(t *testing.T) {
 			}
 		}
 	}
-	produce(10)
+	in.produceSpread(ctx, t, 10)
 	round(5)
-	produce(20000)
-	table := pgx.Identifier{in.cfg.Schema, in.cfg.Table}.Sanitize()
-	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET dispatched_at = now() WHERE seq <= (SELECT max(seq) - 300 FROM "+table+")"); err != nil {
+	in.produceSpread(ctx, t, 20000)
+	if _, err := pool.Exec(ctx, "UPDATE "+in.table()+" SET dispatched_at = now() WHERE seq <= (SELECT max(seq) - 300 FROM "+in.table()+")"); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -169,5 +148,17 @@ func TestClaimPlansOutliveTheTableTheyWereMadeFor(t *testing.T) {
 	}
 	if claims != 2 || marks != 2 {
 		t.Fatalf("caught the plans of %d claims and %d marks, want 2 of each", claims, marks)
+	}
+}
+
+// produceSpread commits n events, each of an aggregate of its own.
+func (in *instance) produceSpread(ctx context.Context, t *testing.T, n int) {
+	t.Helper()
+	evs := make([]core.Event, n)
+	for i := range evs {
+		evs[i] = core.Event{AggregateID: uuid.NewString(), Type: "a.b", Payload: []byte(`{}`)}
+	}
+	if err := in.Produce(ctx, evs, true); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -256,19 +256,18 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		return nil, fmt.Errorf("begin claim: %w", err)
 	}
 	// The planner estimates the claim from the table's statistics, which
-	// can be far from the truth: in an outbox they mostly describe
+	// can be far from the truth. In an outbox they mostly describe
 	// dispatched rows, so it can expect one pending row and join the
-	// candidates to the gate in nested loops, which turned a claim of a
-	// few hundred events into seconds; and a table that was empty when
-	// they were taken looks small enough to read whole, so each claim and
-	// each mark read every row until the next ANALYZE (50-110ms a claim
-	// within seconds of a relay starting on a new table). The claim reads
-	// pending rows through their partial indexes and joins only its own
-	// few rows, so both settings hold in this transaction, the mark
-	// included, whatever the statistics. Planned once per session: the
-	// plan's shape does not depend on the arguments, and planning the
-	// ordered claim for every batch took a tenth as long as running it. Both
-	// statements go in one round trip.
+	// candidates to the gate in nested loops (a claim of a few hundred
+	// events took seconds). And a plan made while the table was nearly
+	// empty reads it whole, and is kept until the next ANALYZE, so every
+	// claim and mark read every row (claims of 50-250ms seconds after a
+	// relay started on a new table). The claim reads pending rows through
+	// their partial indexes and joins only its own few rows, so these
+	// settings hold for its whole transaction, the mark included. The
+	// plan's shape does not depend on the arguments, so it is made once
+	// per session: planning the ordered claim for every batch took a tenth
+	// as long as running it. Both statements go in one round trip.
 	b := &pgx.Batch{}
 	b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true)`)
