@@ -234,7 +234,7 @@ func warmPool(ctx context.Context, p *pgxpool.Pool, n int) error {
 	for range n {
 		c, err := p.Acquire(ctx)
 		if err != nil {
-			return fmt.Errorf("warm relay pool: %w", err)
+			return fmt.Errorf("warm pool: %w", err)
 		}
 		conns = append(conns, c)
 	}
@@ -348,10 +348,14 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 		return latencyRow{}, err
 	}
 	defer pool.Close()
+	if err := warmPool(ctx, pool, 16); err != nil { // its sessions are watched from the start
+		return latencyRow{}, err
+	}
 	w, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
 	if err != nil {
 		return latencyRow{}, err
 	}
+	sched := watchSched(ctx, b.pool, benchLatencyApp)
 	start := time.Now()
 	var last time.Time
 	var lastMu sync.Mutex
@@ -381,10 +385,11 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	}
 	committed := func() int64 { c, p := rec.counts(); return p - c } // reaches 0 when all are out
 	waitCount(ctx, committed, 0, 3*time.Second+opts.PollInterval)
+	schedNote := sched.summary()
 	lat, missing := rec.latencies()
 	row := latencyRow{Rate: rate, Wakeups: wakeups, Path: "in process", Events: len(lat), Missing: missing,
 		P50: percentile(lat, 50), P99: percentile(lat, 99), P999: percentile(lat, 99.9), Max: percentile(lat, 100),
-		Note: st.tail(rec, 99) + poolWaits(relayPool, warm) + st.waitSummary()}
+		Note: st.tail(rec, 99) + poolWaits(relayPool, warm) + st.waitSummary() + schedNote}
 	if el := last.Sub(start); el > 0 {
 		row.Achieved = float64(len(lat)+missing) / el.Seconds()
 	}
