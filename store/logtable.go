@@ -172,7 +172,7 @@ func (f *Failed) args() (reason *string, retryAt *time.Time, attempts int) {
 	if f == nil {
 		return nil, nil, 1
 	}
-	r := truncate(f.Reason, 2000)
+	r := truncate(asText(f.Reason), 2000)
 	if !f.RetryAt.IsZero() {
 		return &r, &f.RetryAt, f.Attempts
 	}
@@ -275,14 +275,14 @@ func (l *LogTable) InsertUnreadable(ctx context.Context, tx pgx.Tx, u Unreadable
 	if CheckKey(u.AggregateID) == nil {
 		agg = &u.AggregateID
 	}
-	reason := truncate(u.Reason, 2000)
+	reason := truncate(asText(u.Reason), 2000)
 	err := savepoint(ctx, tx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, l.insertUnreadable, id, string(u.Raw), u.CreatedAt, reason, agg)
+		_, err := tx.Exec(ctx, l.insertUnreadable, id, asText(string(u.Raw)), u.CreatedAt, reason, agg)
 		return err
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "22P02" && id != nil {
-		_, err = tx.Exec(ctx, l.insertUnreadable, nil, string(u.Raw), u.CreatedAt, reason+" (event_id "+truncate(*id, 100)+")", agg)
+		_, err = tx.Exec(ctx, l.insertUnreadable, nil, asText(string(u.Raw)), u.CreatedAt, reason+" (event_id "+truncate(*id, 100)+")", agg)
 	}
 	if err != nil {
 		return fmt.Errorf("insert unreadable event message into the table: %w", err)

@@ -422,7 +422,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 		retry := make([]*time.Time, len(failed))
 		for i, f := range failed {
 			ids[i] = f.Seq
-			reasons[i] = truncate(f.Reason, maxReason)
+			reasons[i] = truncate(asText(f.Reason), maxReason)
 			if !f.RetryAt.IsZero() {
 				t := f.RetryAt
 				retry[i] = &t
@@ -452,6 +452,14 @@ func (c *claim) Release(ctx context.Context) error {
 		return fmt.Errorf("release claim: %w", err)
 	}
 	return nil
+}
+
+// asText makes a failure's reason storable as text: an error message can
+// carry any bytes (a broker's reply, a payload quoted back), and PostgreSQL
+// refuses invalid UTF-8 and NUL in text, which would fail the whole
+// outcome's record, and the batch's next attempt the same way, for good.
+func asText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // truncate cuts s to at most n bytes without splitting a UTF-8 sequence.

@@ -576,3 +576,31 @@ func TestListenFollowsTriggerChannel(t *testing.T) {
 	awaitListening(t, pool, table, obs, nil) // the listener's last statement
 	writeAndAwait(t, in, pub, 5*time.Second)
 }
+
+// A publish error can carry any bytes. Recorded as they are, bytes that
+// are not UTF-8, or a NUL, would fail the outcome's whole record, and the
+// batch's next attempt the same way; they are recorded as text instead.
+func TestFailureReasonThatIsNotText(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	ctx := context.Background()
+	in.produceSpread(ctx, t, 2)
+	c, err := in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := c.Events()
+	if len(ev) != 2 {
+		t.Fatalf("claimed %d events, want 2", len(ev))
+	}
+	if err := c.Complete(ctx, []int64{ev[0].Seq}, []core.Failure{{Seq: ev[1].Seq, Reason: "broker said \xff\x00 no"}}); err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	var reason string
+	if err := pool.QueryRow(ctx, "SELECT last_error FROM "+in.table()+" WHERE seq = $1 AND retry_at = 'infinity'", ev[1].Seq).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if want := "broker said \ufffd\ufffd no"; reason != want {
+		t.Fatalf("reason %q, want %q", reason, want)
+	}
+}

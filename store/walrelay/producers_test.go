@@ -253,6 +253,26 @@ func TestBadMessageHoldsItsAggregate(t *testing.T) {
 	}
 }
 
+// A message that is not even text (bytes that are not UTF-8, a NUL) is
+// held like any unreadable one, its bytes kept as far as text can carry
+// them, and the stream goes on past it: PostgreSQL refuses such bytes in a
+// text column, and a refused insert would stop the relay there for good.
+func TestMessageThatIsNotTextIsHeld(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	pub := &recorder{}
+	e.startPair(pub, e.opts())
+	prefix, _ := walrelay.MessagePrefix(e.cfg)
+	if _, err := e.pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, '\x7bff007d'::bytea)`, prefix); err != nil {
+		t.Fatal(err)
+	}
+	e.writeMsgs(false, outbox.Message{AggregateID: "after", Type: "order.paid", Payload: []byte(`{"n":1}`)})
+	waitFor(t, 10*time.Second, "the event after the message", func() bool { return len(pub.events()) == 1 })
+	waitFor(t, 10*time.Second, "the message held as text", func() bool {
+		return e.count("type = 'outbox.unreadable' AND retry_at = 'infinity' AND payload->>'message' = '{\ufffd\ufffd}'") == 1
+	})
+}
+
 // A log-only event written while no slot reads the database would be in
 // no slot's stream: the write fails in the producer's transaction, from
 // LogWriter and from the SQL function, before the slot exists and after
