@@ -604,3 +604,79 @@ func TestFailureReasonThatIsNotText(t *testing.T) {
 		t.Fatalf("reason %q, want %q", reason, want)
 	}
 }
+
+// roundTrips counts what a pool sends the server: each statement sent on
+// its own and each batch is one round trip.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// Between a producer's commit and the broker lies one claim: one round
+// trip to the server, its BEGIN included, and one more to record the
+// outcome and commit. Across a network each round trip is latency every
+// event pays.
+func TestClaimIsOneRoundTrip(t *testing.T) {
+	pool, cfg := pgtest.Schema(t)
+	in := newInstance(t, pool, cfg)
+	ctx := context.Background()
+	trips := &roundTrips{}
+	pc := pool.Config().Copy()
+	pc.ConnConfig.Tracer = trips
+	traced, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer traced.Close()
+	s, err := store.New(traced, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, unordered := range []bool{false, true} {
+		cycle := func() (claim, complete int64) {
+			t.Helper()
+			in.produceSpread(ctx, t, 3)
+			before := trips.n.Load()
+			c, err := s.Claim(ctx, core.ClaimOptions{Limit: 10, Unordered: unordered})
+			if err != nil {
+				t.Fatal(err)
+			}
+			claim = trips.n.Load() - before
+			var ids []int64
+			for _, e := range c.Events() {
+				ids = append(ids, e.Seq)
+			}
+			if len(ids) != 3 {
+				t.Fatalf("claimed %d events, want 3", len(ids))
+			}
+			if err := c.Complete(ctx, ids, nil); err != nil {
+				t.Fatal(err)
+			}
+			return claim, trips.n.Load() - before - claim
+		}
+		cycle() // statements are prepared on first use
+		if claim, complete := cycle(); claim != 1 || complete != 1 {
+			t.Errorf("unordered %v: claim took %d round trips, its record %d; want 1 each", unordered, claim, complete)
+		}
+		before := trips.n.Load()
+		c, err := s.Claim(ctx, core.ClaimOptions{Limit: 10, Unordered: unordered})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(c.Events()); n != 0 {
+			t.Fatalf("claimed %d events, want none", n)
+		}
+		if n := trips.n.Load() - before; n != 2 {
+			t.Errorf("unordered %v: an empty claim took %d round trips, want 2 (the claim and its rollback)", unordered, n)
+		}
+	}
+}
