@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	//lint:ignore SA1019 watermill-googlecloud v1.2.1 is built on pubsub v1, whose types it takes
@@ -186,8 +188,24 @@ func (b *bench) brokerRun(ctx context.Context, c brokerCase) (brokerRow, error) 
 	o := effective(b.relayOptions(false, nil))
 	b.log.Info("broker", "name", c.name, "relay", int(res.PerSec()), "direct", tried)
 	return brokerRow{Broker: c.name, Relay: res.rate, Direct: best, Measured: true,
-		Note: fmt.Sprintf("%s; %d events; relay: %d lanes, %d claims open; direct best: %s (tried: %s)",
-			c.note, n, o.Lanes, o.Claimers, best.Note, strings.Join(tried, ", "))}, nil
+		Note: fmt.Sprintf("%s; %d events; relay: %d lanes, %d claims open; direct best: %s (tried: %s)%s",
+			c.note, n, o.Lanes, o.Claimers, best.Note, strings.Join(tried, ", "), brokerCPU(res.rate, best))}, nil
+}
+
+// brokerCPU says what each event cost in CPU: the relay's run (this
+// process, with an in-process fake broker's share, and PostgreSQL's
+// sessions of the relay) and the best direct run (this process), and how
+// much of the machine the relay's run kept busy. With a fake in process,
+// the relay and the broker share the cores the direct run had alone.
+func brokerCPU(relay, direct rate) string {
+	if relay.Events == 0 || direct.Events == 0 || relay.RelayCPU == 0 || relay.Elapsed <= 0 {
+		return ""
+	}
+	per := func(d time.Duration, n int64) string { return fmt.Sprintf("%.0f us", float64(d)/float64(n)/1e3) }
+	busy := float64(relay.RelayCPU+relay.DBCPU) / (relay.Elapsed.Seconds() * 1e9 * float64(runtime.NumCPU()))
+	return fmt.Sprintf("; CPU per event: relay run %s (this process %s, PostgreSQL %s; %.0f%% of %d cores), direct best %s (this process)",
+		per(relay.RelayCPU+relay.DBCPU, relay.Events), per(relay.RelayCPU, relay.Events), per(relay.DBCPU, relay.Events),
+		100*busy, runtime.NumCPU(), per(direct.RelayCPU, direct.Events))
 }
 
 // driveDirect publishes n messages shaped like the relay's through pub, on
@@ -197,6 +215,9 @@ func driveDirect(ctx context.Context, pub message.Publisher, e *core.Event, n, w
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	deadline := time.Now().Add(limit)
+	var usage syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
+	cpuBefore := rusageCPU(usage)
 	start := time.Now()
 	for range workers {
 		wg.Add(1)
@@ -225,10 +246,12 @@ func driveDirect(ctx context.Context, pub message.Publisher, e *core.Event, n, w
 		}()
 	}
 	wg.Wait()
+	elapsed := time.Since(start)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
 	select {
 	case err := <-errs:
 		return rate{}, err
 	default:
 	}
-	return rate{Events: sent.Load(), Elapsed: time.Since(start)}, nil
+	return rate{Events: sent.Load(), Elapsed: elapsed, RelayCPU: rusageCPU(usage) - cpuBefore}, nil
 }
