@@ -280,7 +280,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	br := conn.SendBatch(ctx, b)
 	fail := func(what string, err error) (core.Claim, error) {
 		_ = br.Close()
-		rollback(ctx, conn)
+		_ = rollback(context.WithoutCancel(ctx), conn)
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if _, err := br.Exec(); err != nil {
@@ -361,9 +361,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	}
 	if len(c.events) == 0 && len(c.rejected) == 0 {
 		// Hold no transaction for an empty claim.
-		_, err := conn.Exec(ctx, "ROLLBACK")
-		conn.Release()
-		if err != nil {
+		if err := rollback(ctx, conn); err != nil {
 			return nil, fmt.Errorf("end empty claim: %w", err)
 		}
 		return c, nil
@@ -375,9 +373,10 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 // rollback ends conn's transaction and returns conn to the pool. The pool
 // closes a connection left in a transaction rather than reuse it, so a
 // rollback that fails loses nothing but the connection.
-func rollback(ctx context.Context, conn *pgxpool.Conn) {
-	_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+func rollback(ctx context.Context, conn *pgxpool.Conn) error {
+	_, err := conn.Exec(ctx, "ROLLBACK")
 	conn.Release()
+	return err
 }
 
 // decode checks what the query could not: the parts of a row a broker
@@ -450,12 +449,13 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	for range marks {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			rollback(ctx, conn)
+			_ = rollback(context.WithoutCancel(ctx), conn)
 			return fmt.Errorf("record outcome: %w", err)
 		}
 	}
-	// A statement that failed would have kept COMMIT from running; one
-	// that ran in an aborted transaction would roll back, and say so.
+	// A failed mark keeps the COMMIT after it from running. A COMMIT of a
+	// transaction that failed earlier rolls back and answers ROLLBACK:
+	// nothing was recorded then.
 	tag, err := br.Exec()
 	if err == nil && tag.String() != "COMMIT" {
 		err = fmt.Errorf("the transaction ended with %s", tag)
@@ -476,9 +476,7 @@ func (c *claim) Release(ctx context.Context) error {
 	}
 	conn := c.conn
 	c.conn = nil
-	_, err := conn.Exec(ctx, "ROLLBACK")
-	conn.Release()
-	if err != nil {
+	if err := rollback(ctx, conn); err != nil {
 		return fmt.Errorf("release claim: %w", err)
 	}
 	return nil
