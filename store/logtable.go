@@ -270,7 +270,8 @@ type Unreadable struct {
 func (l *LogTable) InsertUnreadable(ctx context.Context, tx pgx.Tx, u Unreadable) error {
 	var id, agg *string
 	if u.ID != "" {
-		id = &u.ID
+		text := asText(u.ID) // then not a UUID either: see below
+		id = &text
 	}
 	if CheckKey(u.AggregateID) == nil {
 		agg = &u.AggregateID

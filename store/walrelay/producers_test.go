@@ -266,10 +266,17 @@ func TestMessageThatIsNotTextIsHeld(t *testing.T) {
 	if _, err := e.pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, '\x7bff007d'::bytea)`, prefix); err != nil {
 		t.Fatal(err)
 	}
+	// Valid JSON whose event id holds a NUL, which text cannot.
+	if _, err := e.pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, '{"v": 1, "event_id": "a\u0000b"}')`, prefix); err != nil {
+		t.Fatal(err)
+	}
 	e.writeMsgs(false, outbox.Message{AggregateID: "after", Type: "order.paid", Payload: []byte(`{"n":1}`)})
 	waitFor(t, 10*time.Second, "the event after the message", func() bool { return len(pub.events()) == 1 })
 	waitFor(t, 10*time.Second, "the message held as text", func() bool {
 		return e.count("type = 'outbox.unreadable' AND retry_at = 'infinity' AND payload->>'message' = '{\ufffd\ufffd}'") == 1
+	})
+	waitFor(t, 10*time.Second, "the message with a NUL in its event id held", func() bool {
+		return e.count("type = 'outbox.unreadable' AND retry_at = 'infinity' AND last_error LIKE '%(event_id a\ufffdb)'") == 1
 	})
 }
 
