@@ -790,3 +790,45 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 		})
 	}
 }
+
+// A fast shutdown of PostgreSQL waits until the log relay has confirmed
+// all it was sent, and the relay cannot confirm a row it cannot mark
+// while the server refuses connections. So the relay ends its stream once
+// the server says it is shutting down, and reads the row again later.
+// Here the marks fail as they do then (cannot_connect_now).
+func TestStreamEndsWhenTheServerShutsDown(t *testing.T) {
+	e := newEnv(t)
+	e.createSlot()
+	ctx := context.Background()
+	table := pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()
+	refuse := pgx.Identifier{e.cfg.Schema, "refuse_marks"}.Sanitize()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := e.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`CREATE FUNCTION ` + refuse + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'the database system is shutting down' USING ERRCODE = 'cannot_connect_now'; END $$`)
+	exec(`CREATE TRIGGER refuse_marks BEFORE UPDATE ON ` + table + ` FOR EACH ROW
+WHEN (NEW.dispatched_at IS NOT NULL) EXECUTE FUNCTION ` + refuse + `()`)
+	pub := &recorder{}
+	startRelay(t, e.pool, pub, e.opts())
+	walsender := func() int32 {
+		var pid *int32
+		if err := e.pool.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, e.slot.Name).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if pid == nil {
+			return 0
+		}
+		return *pid
+	}
+	waitFor(t, 10*time.Second, "the relay to read the slot", func() bool { return walsender() != 0 })
+	first := walsender()
+	e.writeMsgs(true, outbox.Message{AggregateID: "a", Type: "order.placed", Payload: []byte(`{"n":1}`)})
+	waitFor(t, 10*time.Second, "the event published", func() bool { return len(pub.events()) == 1 })
+	waitFor(t, 10*time.Second, "the stream that sent it to end", func() bool { return walsender() != first })
+	exec(`DROP TRIGGER refuse_marks ON ` + table)
+	waitFor(t, 10*time.Second, "the event marked", func() bool { return e.count("dispatched_at IS NOT NULL") == 1 })
+}

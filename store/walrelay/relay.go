@@ -358,7 +358,8 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err := lockLogMode(sctx, conn, r.opts.Store); err != nil {
 		return false, err
 	}
-	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{}}
+	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{},
+		stopping: make(chan struct{})}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
 	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
@@ -502,6 +503,10 @@ type stream struct {
 	statusAt   time.Time     // when a status was last sent
 
 	freed  chan struct{} // a token whenever an event is done
+	// stopping is closed when the server is shutting down (serverStops).
+	stopping  chan struct{}
+	stopOnce  sync.Once
+	stopCause error
 	bytes  atomic.Int64  // payload bytes in flight
 	events atomic.Int64
 
@@ -566,6 +571,11 @@ func (s *stream) run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			return drain()
 		}
+		select {
+		case <-s.stopping:
+			return fmt.Errorf("end the stream so the server can shut down: %w", s.stopCause)
+		default:
+		}
 		now := time.Now()
 		switch {
 		case !now.Before(nextStatus):
@@ -606,6 +616,7 @@ func (s *stream) run(ctx context.Context) (err error) {
 			select {
 			case <-s.freed:
 			case <-t.C:
+			case <-s.stopping:
 			case <-ctx.Done():
 			}
 			t.Stop()

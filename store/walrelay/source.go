@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/outboxhq/outbox/core"
 )
 
@@ -173,6 +175,9 @@ func retry[T any](ctx context.Context, s *stream, what string, f func() (T, erro
 		if ctx.Err() != nil {
 			return v, ctx.Err()
 		}
+		if serverStopping(err) {
+			s.serverStops(err)
+		}
 		wait := s.r.opts.ErrorBackoff.Delay(attempt)
 		s.r.obs.Errored("record", err)
 		s.r.log.Error("log relay: "+what+" failed", "error", err, "retry_in", wait)
@@ -180,4 +185,24 @@ func retry[T any](ctx context.Context, s *stream, what string, f func() (T, erro
 			return v, ctx.Err()
 		}
 	}
+}
+
+// serverStopping reports the error of a server that refuses connections
+// because it is shutting down (a session it ended on the way says only
+// that it was terminated, as pg_terminate_backend does).
+func serverStopping(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57P03" // cannot_connect_now
+}
+
+// serverStops ends the stream once the server is shutting down. A fast
+// shutdown waits until every walsender's client has confirmed all it was
+// sent, and the events in flight cannot be recorded, so not confirmed,
+// until the server is back: kept open, the stream would hold the shutdown
+// until it timed out. The next session reads them again.
+func (s *stream) serverStops(err error) {
+	s.stopOnce.Do(func() {
+		s.stopCause = err
+		close(s.stopping)
+	})
 }
