@@ -502,13 +502,14 @@ type stream struct {
 	confirmed  pglogrepl.LSN // the position last sent as flushed
 	statusAt   time.Time     // when a status was last sent
 
-	freed chan struct{} // a token whenever an event is done
+	freed  chan struct{} // a token whenever an event is done
+	bytes  atomic.Int64  // payload bytes in flight
+	events atomic.Int64
+
 	// stopping is closed when the server is shutting down (serverStops).
 	stopping  chan struct{}
 	stopOnce  sync.Once
 	stopCause error
-	bytes     atomic.Int64 // payload bytes in flight
-	events    atomic.Int64
 
 	mu       sync.Mutex
 	buffered []*item // read, not yet claimed
