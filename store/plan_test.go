@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
 )
 
@@ -76,26 +75,18 @@ func TestClaimPlansOutliveTheTableTheyWereMadeFor(t *testing.T) {
 
 	var mu sync.Mutex
 	var plans []string
-	pc := pool.Config().Copy()
-	pc.MaxConns = 1 // one session, so the second round uses the plans of the first
-	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET client_min_messages = log")
-		return err
-	}
-	pc.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		plans = append(plans, n.Message)
-	}
-	watched, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watched.Close()
-	s, err := store.New(watched, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := storeOver(t, pool, cfg, func(pc *pgxpool.Config) {
+		pc.MaxConns = 1 // one session, so the second round uses the plans of the first
+		pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET client_min_messages = log")
+			return err
+		}
+		pc.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			mu.Lock()
+			defer mu.Unlock()
+			plans = append(plans, n.Message)
+		}
+	})
 	round := func(n int) {
 		t.Helper()
 		for _, unordered := range []bool{false, true} {

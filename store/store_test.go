@@ -630,17 +630,7 @@ func TestClaimIsOneRoundTrip(t *testing.T) {
 	in := newInstance(t, pool, cfg)
 	ctx := context.Background()
 	trips := &roundTrips{}
-	pc := pool.Config().Copy()
-	pc.ConnConfig.Tracer = trips
-	traced, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer traced.Close()
-	s, err := store.New(traced, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := storeOver(t, pool, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = trips })
 	for _, unordered := range []bool{false, true} {
 		cycle := func() (claim, complete int64) {
 			t.Helper()
@@ -679,4 +669,23 @@ func TestClaimIsOneRoundTrip(t *testing.T) {
 			t.Errorf("unordered %v: an empty claim took %d round trips, want 2 (the claim and its rollback)", unordered, n)
 		}
 	}
+}
+
+// storeOver returns a store over a pool of its own, configured as pool is
+// and then by configure, for tests that watch what the store sends. The
+// pool closes when the test ends.
+func storeOver(t *testing.T, pool *pgxpool.Pool, cfg store.Config, configure func(*pgxpool.Config)) *store.Store {
+	t.Helper()
+	pc := pool.Config().Copy()
+	configure(pc)
+	own, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Close)
+	s, err := store.New(own, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
