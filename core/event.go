@@ -180,12 +180,14 @@ type Sleeper interface {
 // the relay's life, until ctx is done, and divides the store's ordered work
 // between the relays that share it, so that each claims from its own part
 // (the PostgreSQL store: partitions of aggregates, each owned by one relay
-// at a time). It calls wake when this relay's part grows, and reconnects by
-// itself. Sharing only keeps relays out of each other's way: claims must
-// stay disjoint and ordered whatever the parts, as when a relay that lost
-// a part still has claims open in it.
+// at a time). It calls changed with the relay's part, from 0 to 1 of the
+// work, whenever the part changes (the relay then claims at once, and
+// opens its part of Options.Claimers), and reconnects by itself. Sharing
+// only keeps relays out of each other's way: claims must stay disjoint and
+// ordered whatever the parts, as when a relay that lost a part still has
+// claims open in it.
 type Sharer interface {
-	Share(ctx context.Context, wake func()) error
+	Share(ctx context.Context, changed func(part float64)) error
 }
 
 // Pinger is an optional capability of a Store or Publisher: it reports

@@ -35,6 +35,7 @@ const (
 // batch is one open claim and the fate of each of its events.
 type batch struct {
 	seq       uint64 // claims are numbered in the order they were made
+	opened    time.Time
 	claim     Claim
 	handOffer HandOffer // set when claim is one: its events are handed off, never left
 	events    []Event
@@ -352,6 +353,18 @@ func (l *lanes) closeBatch(b *batch) {
 	l.mu.Lock()
 	delete(l.open, b)
 	l.mu.Unlock()
+}
+
+// openOver reports whether a batch has been open for longer than d.
+func (l *lanes) openOver(d time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for b := range l.open {
+		if time.Since(b.opened) > d {
+			return true
+		}
+	}
+	return false
 }
 
 // queuedCount is how many events wait for a lane.

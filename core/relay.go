@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,7 +26,10 @@ type Options struct {
 	// is published, the next is claimed and the last is recorded. Each open
 	// claim holds a database transaction and connection until its every
 	// event is resolved; claims that hand off (HandOffer) hold none and
-	// are not counted. Default 4, at most MaxClaimers.
+	// are not counted. A relay that shares the ordered work with others
+	// (Sharer) opens its part of them, at least one, and all of them while
+	// a batch has been open for over a second. Default 4, at most
+	// MaxClaimers.
 	Claimers       int
 	PollInterval   time.Duration // wait after a short batch; default 1s (wake-ups usually come first)
 	PublishTimeout time.Duration // bound on one publish; default 30s
@@ -171,6 +175,9 @@ type Relay struct {
 	// aggregate would otherwise hold every claim open, and the events
 	// that show the broker takes others would never be claimed.
 	handsOff atomic.Bool
+	// part is the share of the store's ordered work this relay claims
+	// from (Sharer), as math.Float64bits; 1 until the store says.
+	part atomic.Uint64
 
 	// Set up by loop: the queues, a slot per open claim, the open batches
 	// and how the recorded ones went.
@@ -202,6 +209,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 	}
+	r.part.Store(math.Float64bits(1))
 	for _, v := range []any{store, pub} {
 		if p, ok := v.(Pinger); ok {
 			r.pingers = append(r.pingers, p)
@@ -325,9 +333,10 @@ func (r *Relay) loop(ctx context.Context) {
 		sharing := make(chan struct{})
 		go func() {
 			defer close(sharing)
-			if err := sh.Share(sctx, r.Wake); err != nil && sctx.Err() == nil {
+			if err := sh.Share(sctx, r.setPart); err != nil && sctx.Err() == nil {
 				r.log.Warn("sharing stopped; claiming from all of the store's work", "error", err)
 			}
+			r.setPart(1)
 		}()
 		defer func() { cancel(); <-sharing }()
 	}
@@ -452,10 +461,12 @@ func (r *Relay) ready(ctx context.Context) bool {
 	var tick <-chan time.Time
 	for {
 		if r.handsOff.Load() || r.lanes.queuedCount() < r.opts.BatchSize {
-			select {
-			case r.slots <- struct{}{}:
-				return true
-			default:
+			if len(r.slots) < r.claimsWanted() {
+				select {
+				case r.slots <- struct{}{}:
+					return true
+				default:
+				}
 			}
 			r.lanes.relieve(stallAfter)
 			if tick == nil {
@@ -473,6 +484,28 @@ func (r *Relay) ready(ctx context.Context) bool {
 			return false
 		}
 	}
+}
+
+// setPart records the share of the store's ordered work this relay claims
+// from (Sharer) and claims at once, for what it may have gained.
+func (r *Relay) setPart(part float64) {
+	r.part.Store(math.Float64bits(min(max(part, 0), 1)))
+	r.Wake()
+}
+
+// claimsWanted is how many claims may be open now. Each open claim is a
+// transaction the database runs beside the others, and ordered claims
+// step over the events their relay has in flight, so relays that share
+// the work each open their part of Claimers (at least one): replicas add
+// publishers, not concurrent transactions. While a batch has been open
+// for over stallAfter (a slow publish), the relay opens up to Claimers,
+// so that one slow event does not stop its claiming.
+func (r *Relay) claimsWanted() int {
+	part := math.Float64frombits(r.part.Load())
+	if part >= 1 || r.lanes.openOver(stallAfter) {
+		return r.opts.Claimers
+	}
+	return max(1, int(math.Ceil(float64(r.opts.Claimers)*part)))
 }
 
 // stallAfter is how long an aggregate's publish may take before the
@@ -625,7 +658,7 @@ func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err err
 		r.log.Warn("event held: the row cannot be relayed", "event_seq", rej.Event.Seq, "event_id", rej.Event.ID, "aggregate_id", rej.Event.AggregateID, "error", rej.Err)
 	}
 	h, _ := claim.(HandOffer)
-	b := &batch{seq: seq, claim: claim, handOffer: h, events: events, rejected: rejected,
+	b := &batch{seq: seq, opened: start, claim: claim, handOffer: h, events: events, rejected: rejected,
 		states: make([]state, len(events)), errs: make([]error, len(events)), remaining: len(events)}
 	if h != nil {
 		r.handsOff.Store(true)

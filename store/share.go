@@ -41,8 +41,8 @@ type share struct {
 	stop context.CancelFunc
 	done chan struct{}
 
-	wakesMu sync.Mutex
-	wakes   map[*func()]struct{}
+	changedMu sync.Mutex
+	changed   map[*func(float64)]struct{} // the relays' callbacks
 	// owned, or its parts, is nil while the store claims from every
 	// partition: no relay shares through it, its session is lost, or its
 	// first round has not come.
@@ -55,18 +55,29 @@ type owned struct {
 	claim string
 }
 
+// part is the share of the partitions owned, 1 for every partition (nil).
+func (o *owned) part() float64 {
+	if o.parts == nil {
+		return 1
+	}
+	return float64(len(o.parts)) / Partitions
+}
+
 // Share implements core.Sharer. Relays that share one Store share its
 // partitions too: the first starts the sharing session, the last to
 // return ends it, and the store claims from every partition again.
-func (s *Store) Share(ctx context.Context, wake func()) error {
+func (s *Store) Share(ctx context.Context, changed func(part float64)) error {
 	sh := &s.share
 	sh.mu.Lock()
-	sh.wakesMu.Lock()
-	if sh.wakes == nil {
-		sh.wakes = map[*func()]struct{}{}
+	sh.changedMu.Lock()
+	if sh.changed == nil {
+		sh.changed = map[*func(float64)]struct{}{}
 	}
-	sh.wakes[&wake] = struct{}{}
-	sh.wakesMu.Unlock()
+	sh.changed[&changed] = struct{}{}
+	if o := sh.owned.Load(); o != nil && o.parts != nil {
+		changed(o.part()) // another relay of this store shares already
+	}
+	sh.changedMu.Unlock()
 	if sh.stop == nil {
 		// Every partition until the first round says otherwise: a relay
 		// that starts claims at once, in the others' way at worst.
@@ -82,10 +93,10 @@ func (s *Store) Share(ctx context.Context, wake func()) error {
 	<-ctx.Done()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.wakesMu.Lock()
-	delete(sh.wakes, &wake)
-	last := len(sh.wakes) == 0
-	sh.wakesMu.Unlock()
+	sh.changedMu.Lock()
+	delete(sh.changed, &changed)
+	last := len(sh.changed) == 0
+	sh.changedMu.Unlock()
 	if last {
 		sh.stop()
 		<-sh.done
@@ -106,7 +117,7 @@ func (s *Store) Owned() []int {
 }
 
 // setOwned records parts as owned; announced, it logs the change and
-// wakes the relays when a partition was gained.
+// tells the relays their new part.
 func (s *Store) setOwned(parts []int, announce bool) {
 	old := s.share.owned.Load()
 	if old != nil && slices.Equal(old.parts, parts) && (old.parts == nil) == (parts == nil) {
@@ -116,7 +127,8 @@ func (s *Store) setOwned(parts []int, announce bool) {
 	if parts != nil && len(parts) < Partitions {
 		claim = s.orderedClaim(parts)
 	}
-	s.share.owned.Store(&owned{parts: parts, claim: claim})
+	now := &owned{parts: parts, claim: claim}
+	s.share.owned.Store(now)
 	if !announce {
 		return
 	}
@@ -125,16 +137,10 @@ func (s *Store) setOwned(parts []int, announce bool) {
 	} else {
 		s.log.Info("partitions owned", "table", s.cfg.Table, "count", len(parts), "partitions", parts)
 	}
-	// From every partition (nil) nothing can be gained.
-	gained := old == nil || old.parts != nil &&
-		(parts == nil || slices.ContainsFunc(parts, func(p int) bool { return !slices.Contains(old.parts, p) }))
-	if !gained {
-		return
-	}
-	s.share.wakesMu.Lock()
-	defer s.share.wakesMu.Unlock()
-	for w := range s.share.wakes {
-		(*w)()
+	s.share.changedMu.Lock()
+	defer s.share.changedMu.Unlock()
+	for f := range s.share.changed {
+		(*f)(now.part())
 	}
 }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +26,7 @@ type sharing struct {
 	st   *store.Store
 	stop context.CancelFunc
 	done chan struct{}
+	part atomic.Uint64 // the last part Share reported, as math.Float64bits
 }
 
 func startSharing(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *sharing {
@@ -36,7 +39,7 @@ func startSharing(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *sharing {
 	sh := &sharing{st: st, stop: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(sh.done)
-		_ = st.Share(ctx, func() {})
+		_ = st.Share(ctx, func(part float64) { sh.part.Store(math.Float64bits(part)) })
 	}()
 	t.Cleanup(sh.end)
 	return sh
@@ -45,7 +48,8 @@ func startSharing(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *sharing {
 func (s *sharing) end() { s.stop(); <-s.done }
 
 // waitSplit waits until the sharers own every partition between them,
-// disjoint, in the given sizes (any order), and returns how long it took.
+// disjoint, in the given sizes (any order), each told its part, and returns
+// how long it took.
 func waitSplit(t *testing.T, within time.Duration, sizes []int, sharers ...*sharing) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -57,6 +61,9 @@ func waitSplit(t *testing.T, within time.Duration, sizes []int, sharers ...*shar
 		for _, s := range sharers {
 			parts := s.st.Owned()
 			got = append(got, len(parts))
+			if math.Float64frombits(s.part.Load()) != float64(len(parts))/store.Partitions {
+				ok = false
+			}
 			for _, p := range parts {
 				if seen[p] {
 					ok = false

@@ -317,7 +317,7 @@ func TestPartitionsOwnedGauge(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var done sync.WaitGroup
 	for _, st := range stores {
-		done.Go(func() { _ = st.Share(ctx, func() {}) })
+		done.Go(func() { _ = st.Share(ctx, func(float64) {}) })
 	}
 	defer func() { cancel(); done.Wait() }()
 	deadline := time.Now().Add(5 * time.Second)
