@@ -451,12 +451,12 @@ func (r *Relay) claimLoop(ctx context.Context) {
 	}
 }
 
-// ready waits until a claim may be made: fewer than Claimers claims are
-// open (it takes a slot for the next one) and fewer than a batch of events
-// wait for a lane, so the next batch arrives before the lanes run dry but
-// memory stays bounded. While every claim is open it relieves stalled
-// aggregates, so that one slow publish cannot hold every claim open. False
-// means stop.
+// ready waits until a claim may be made: fewer claims are open than
+// claimsWanted (it takes a slot for the next one) and fewer than a batch
+// of events wait for a lane, so the next batch arrives before the lanes
+// run dry but memory stays bounded. While no claim may open it relieves
+// stalled aggregates, so that one slow publish cannot hold every claim
+// open. False means stop.
 func (r *Relay) ready(ctx context.Context) bool {
 	var tick <-chan time.Time
 	for {
