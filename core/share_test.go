@@ -75,17 +75,7 @@ func TestSlowPublishOpensTheOtherClaims(t *testing.T) {
 	st, ms := newPartStore(0.25)
 	slow := make(chan struct{})
 	var published log
-	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		if e.AggregateID == "slow" {
-			select {
-			case <-slow:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		published.add(e)
-		return nil
-	})
+	pub := holding(&published, slow, func(e *core.Event) bool { return e.AggregateID == "slow" })
 	startRelay(t, st, pub, core.Options{BatchSize: 5, Lanes: 4, Claimers: 4, PollInterval: time.Millisecond})
 	<-st.shared
 	ms.Add(core.Event{AggregateID: "slow"})

@@ -60,6 +60,22 @@ func (c *gatedClaim) Complete(ctx context.Context, done []int64, failed []core.F
 	return c.Claim.Complete(ctx, done, failed)
 }
 
+// holding publishes into published, holding each event hold picks until
+// release is closed.
+func holding(published *log, release <-chan struct{}, hold func(*core.Event) bool) pubFunc {
+	return func(ctx context.Context, e *core.Event) error {
+		if hold(e) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		published.add(e)
+		return nil
+	}
+}
+
 // Publishing does not wait for the batch before it to be recorded: while
 // the first claim's Complete is held, the next claims are made and their
 // events published.
@@ -91,17 +107,7 @@ func TestClaimsWhileLanesPublish(t *testing.T) {
 	first := ms.Pending()[0]
 	slow := make(chan struct{})
 	var published log
-	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		if e.Seq == first {
-			select {
-			case <-slow:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		published.add(e)
-		return nil
-	})
+	pub := holding(&published, slow, func(e *core.Event) bool { return e.Seq == first })
 	startRelay(t, st, pub, core.Options{BatchSize: 5, Lanes: 4, Claimers: 2, PollInterval: time.Millisecond})
 	waitFor(t, "the second batch to be published while the first one's slow event is out", func() bool {
 		return len(published.ids()) >= 9
