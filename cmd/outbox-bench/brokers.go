@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -42,6 +43,9 @@ type brokerCase struct {
 	name  string
 	note  string
 	setup func(ctx context.Context) (relay core.Publisher, direct message.Publisher, cleanup func(), err error)
+	// empty, when set, removes what earlier runs left in the broker, so
+	// that each run publishes into the same state.
+	empty func(ctx context.Context) error
 }
 
 func (b *bench) brokerSection(ctx context.Context, rep *report) error {
@@ -80,7 +84,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 			if url == "" || url == "none" {
 				return nil, nil, nil, errNotMeasured("no RabbitMQ: OUTBOX_TEST_AMQP_URL is not set")
 			}
-			relay, err := amqp.New(ctx, amqp.Config{URL: url}, routing, b.log)
+			relay, err := amqp.New(ctx, amqp.Config{URL: url, Channels: b.cfg.Lanes}, routing, b.log)
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -96,7 +100,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 				return nil, nil, nil, fmt.Errorf("direct amqp publisher: %w", err)
 			}
 			return relay, direct, func() { relay.Close(); direct.Close() }, nil
-		}},
+		}, empty: func(ctx context.Context) error { return emptyQueue(os.Getenv("OUTBOX_TEST_AMQP_URL"), benchTopic) }},
 		{name: "Pub/Sub (pstest, in process)", note: "message ordering on the aggregate id", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
 			srv := pstest.NewServer()
 			relay, err := googlecloud.New(ctx, googlecloud.Config{ProjectID: "bench", EmulatorHost: srv.Addr, CreateTopics: true}, routing, b.log)
@@ -138,6 +142,30 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 	return nil
 }
 
+// emptyQueue purges an AMQP queue, which may not exist yet. Publishes to
+// a durable queue nobody consumes pile up, and RabbitMQ confirms more
+// slowly behind a long queue: the relay's run and each direct one start
+// with it empty.
+func emptyQueue(url, queue string) error {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		return fmt.Errorf("empty queue %s: %w", queue, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("empty queue %s: %w", queue, err)
+	}
+	if _, err := ch.QueuePurge(queue, false); err != nil {
+		var aerr *amqp091.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp091.NotFound {
+			return nil
+		}
+		return fmt.Errorf("empty queue %s: %w", queue, err)
+	}
+	return nil
+}
+
 type errNotMeasured string
 
 func (e errNotMeasured) Error() string { return string(e) }
@@ -158,6 +186,15 @@ func (b *bench) brokerRun(ctx context.Context, c brokerCase) (brokerRow, error) 
 	if err := b.fill(ctx, cfg, n); err != nil {
 		return brokerRow{}, err
 	}
+	empty := func() error {
+		if c.empty == nil {
+			return nil
+		}
+		return c.empty(ctx)
+	}
+	if err := empty(); err != nil {
+		return brokerRow{}, err
+	}
 	b.settle(ctx)
 	res, err := b.relayDrainWith(ctx, c.name, cfg, n, b.relayOptions(false, nil), relayPub, b.cfg.DrainCap)
 	if err != nil {
@@ -172,6 +209,9 @@ func (b *bench) brokerRun(ctx context.Context, c brokerCase) (brokerRow, error) 
 	var best rate
 	var tried []string
 	for _, d := range []struct{ workers, perCall int }{{16, 1}, {64, 1}, {256, 1}, {1, 100}} {
+		if err := empty(); err != nil {
+			return brokerRow{}, err
+		}
 		r, err := driveDirect(ctx, direct, event, n, d.workers, d.perCall, b.cfg.DrainCap, b.cfg.Aggregates)
 		if err != nil {
 			return brokerRow{}, fmt.Errorf("drive %s directly with %d publishers: %w", c.name, d.workers, err)

@@ -15,12 +15,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxhq/outbox"
+	"github.com/outboxhq/outbox/brokers"
+	"github.com/outboxhq/outbox/brokers/amqp"
+	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/core"
 )
 
@@ -36,7 +38,10 @@ type e2eBroker struct {
 	name     string
 	relayEnv []string // the binary's broker settings
 	consume  []string // the consumer process's arguments
-	close    func()
+	// publisher is the relay's adapter for the broker, set up as the
+	// binary sets it up, for the rows of the broker alone.
+	publisher func(ctx context.Context) (core.Publisher, error)
+	close     func()
 }
 
 func (b *bench) e2eBrokers() ([]e2eBroker, []latencyRow) {
@@ -46,7 +51,10 @@ func (b *bench) e2eBrokers() ([]e2eBroker, []latencyRow) {
 		out = append(out, e2eBroker{name: "RabbitMQ",
 			relayEnv: []string{"OUTBOX_BROKER=amqp", "OUTBOX_BROKERS_AMQP_URL=" + url},
 			consume:  []string{"-broker", "amqp", "-url", url},
-			close:    func() {}})
+			publisher: func(ctx context.Context) (core.Publisher, error) {
+				return amqp.New(ctx, amqp.Config{URL: url}, &brokers.Routing{Fixed: benchTopic}, b.log)
+			},
+			close: func() {}})
 	} else {
 		skipped = append(skipped, latencyRow{Path: "RabbitMQ", Note: "not measured: OUTBOX_TEST_AMQP_URL is not set"})
 	}
@@ -58,7 +66,10 @@ func (b *bench) e2eBrokers() ([]e2eBroker, []latencyRow) {
 		out = append(out, e2eBroker{name: "Kafka (kfake)",
 			relayEnv: []string{"OUTBOX_BROKER=kafka", "OUTBOX_BROKERS_KAFKA_BROKERS=" + addrs},
 			consume:  []string{"-broker", "kafka", "-url", addrs},
-			close:    kf.Close})
+			publisher: func(ctx context.Context) (core.Publisher, error) {
+				return kafka.New(ctx, kafka.Config{Brokers: kf.ListenAddrs()}, &brokers.Routing{Fixed: benchTopic}, b.log)
+			},
+			close: kf.Close})
 	}
 	return out, skipped
 }
@@ -92,41 +103,11 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int, logMode bool
 		}()
 	}
 
-	exe, err := os.Executable()
+	rec, stopConsumer, err := startConsumer(ctx, br)
 	if err != nil {
-		return row, fmt.Errorf("find own executable: %w", err)
+		return row, err
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cons := exec.CommandContext(cctx, exe, append([]string{consumeCommand}, br.consume...)...)
-	cons.Stderr = os.Stderr
-	out, err := cons.StdoutPipe()
-	if err != nil {
-		return row, fmt.Errorf("consumer stdout: %w", err)
-	}
-	if err := cons.Start(); err != nil {
-		return row, fmt.Errorf("start consumer: %w", err)
-	}
-	defer func() { cancel(); _ = cons.Wait() }()
-	lines := bufio.NewScanner(out)
-	if !lines.Scan() || lines.Text() != "ready" {
-		return row, fmt.Errorf("consumer did not get ready: %q %v", lines.Text(), lines.Err())
-	}
-	rec := newStamps()
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		for lines.Scan() {
-			uid, at, ok := strings.Cut(lines.Text(), " ")
-			if !ok {
-				continue
-			}
-			n, err := strconv.ParseInt(at, 10, 64)
-			if err == nil {
-				rec.arrive(uid, time.Unix(0, n))
-			}
-		}
-	}()
+	defer stopConsumer()
 
 	relay, err := b.startBinary(ctx, cfg, relayEnv...)
 	if err != nil {
@@ -134,7 +115,7 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int, logMode bool
 	}
 	defer func() { _ = relay.stop() }()
 	// The binary is ready when its listener is: give it the moment the
-	// in-process rows give theirs, then a warm-up event through the path.
+	// in-process rows give theirs, then warm-up events through the path.
 	time.Sleep(500 * time.Millisecond)
 	pool, err := b.producerPool(ctx)
 	if err != nil {
@@ -145,28 +126,13 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int, logMode bool
 	if err != nil {
 		return row, err
 	}
+	if err := b.warmUp(ctx, pool, 16, w, rec); err != nil {
+		return row, fmt.Errorf("%w:\n%s", err, relay.stderr)
+	}
 	produce := func(ctx context.Context, i int64) error {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return fmt.Errorf("new event id: %w", err)
-		}
-		uid := id.String()
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return w.Write(ctx, tx, outbox.Message{ID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
-				Type: "bench.event", Payload: []byte(`{"n":1}`)})
-		}); err != nil {
-			return fmt.Errorf("produce: %w", err)
-		}
-		rec.commit(uid, time.Now())
-		return nil
+		_, err := b.produceStamped(ctx, pool, w, rec, i)
+		return err
 	}
-	if err := produce(ctx, 0); err != nil {
-		return row, err
-	}
-	if got := waitCount(ctx, func() int64 { _, p := rec.counts(); return p }, 1, 30*time.Second); got < 1 {
-		return row, fmt.Errorf("the warm-up event did not reach the consumer within 30s:\n%s", relay.stderr)
-	}
-	rec.reset()
 
 	start := time.Now()
 	if err := openLoop(ctx, rate, 16, b.cfg.LatencyRun, produce); err != nil {
@@ -186,6 +152,96 @@ func (b *bench) e2eRun(ctx context.Context, br e2eBroker, rate int, logMode bool
 		row.Note = "`outbox relay` binary, shipped defaults and relay.mode log; a consumer process stamps arrivals"
 	}
 	b.log.Info("latency end to end", "path", row.Path, "rate", rate, "p50", row.P50, "p99", row.P99, "max", row.Max, "missing", missing)
+	return row, nil
+}
+
+// startConsumer starts the consumer process for br and records each
+// arrival it reports; stop ends it.
+func startConsumer(ctx context.Context, br e2eBroker) (rec *stamps, stop func(), err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, fmt.Errorf("find own executable: %w", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cons := exec.CommandContext(cctx, exe, append([]string{consumeCommand}, br.consume...)...)
+	cons.Stderr = os.Stderr
+	out, err := cons.StdoutPipe()
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("consumer stdout: %w", err)
+	}
+	if err := cons.Start(); err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("start consumer: %w", err)
+	}
+	stop = func() { cancel(); _ = cons.Wait() }
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "ready" {
+		stop()
+		return nil, nil, fmt.Errorf("consumer did not get ready: %q %v", lines.Text(), lines.Err())
+	}
+	rec = newStamps()
+	go func() {
+		for lines.Scan() {
+			uid, at, ok := strings.Cut(lines.Text(), " ")
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(at, 10, 64)
+			if err == nil {
+				rec.arrive(uid, time.Unix(0, n))
+			}
+		}
+	}()
+	return rec, stop, nil
+}
+
+// e2eAlone measures the broker without the relay: the relay's own adapter,
+// set up as the binary sets it up, publishes events at rate from as many
+// goroutines as the binary has lanes, each timed from the publish call to
+// the consumer's arrival. It is the broker's share of the rows above.
+func (b *bench) e2eAlone(ctx context.Context, br e2eBroker, rate int) (latencyRow, error) {
+	row := latencyRow{Rate: rate, Path: br.name + ", broker alone", Alone: true}
+	rec, stopConsumer, err := startConsumer(ctx, br)
+	if err != nil {
+		return row, err
+	}
+	defer stopConsumer()
+	pub, err := br.publisher(ctx)
+	if err != nil {
+		return row, err
+	}
+	defer pub.Close()
+	lanes := effective(core.Options{}).Lanes
+	publish := func(ctx context.Context, i int64) error {
+		e := core.Event{Seq: i + 1, ID: uuid.Must(uuid.NewV7()).String(), AggregateID: aggregateID(i, b.cfg.Aggregates),
+			Type: "bench.event", Payload: []byte(`{"n":1}`), CreatedAt: time.Now()}
+		rec.commit(e.ID, time.Now())
+		if err := pub.Publish(ctx, &e); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		return nil
+	}
+	// Warm: one publish on each goroutine's channel or connection.
+	if err := openLoop(ctx, lanes*10, lanes, time.Second/10, publish); err != nil {
+		return row, err
+	}
+	if got := waitCount(ctx, func() int64 { _, p := rec.counts(); return p }, int64(lanes), 30*time.Second); got < int64(lanes) {
+		return row, fmt.Errorf("warm up: %d of %d messages arrived within 30s", got, lanes)
+	}
+	rec.reset()
+	start := time.Now()
+	if err := openLoop(ctx, rate, lanes, b.cfg.LatencyRun, publish); err != nil {
+		return row, err
+	}
+	last := time.Now()
+	waitCount(ctx, func() int64 { c, p := rec.counts(); return p - c }, 0, 5*time.Second)
+	lat, missing := rec.latencies()
+	row.Events, row.Missing = len(lat), missing
+	row.P50, row.P99, row.P999, row.Max = percentile(lat, 50), percentile(lat, 99), percentile(lat, 99.9), percentile(lat, 100)
+	row.Achieved = float64(len(lat)+missing) / last.Sub(start).Seconds()
+	row.Note = fmt.Sprintf("no relay and no database: the relay's adapter, set up as the binary sets it up, published to directly from %d goroutines (its lanes), timed from the publish call; a consumer process stamps arrivals", lanes)
+	b.log.Info("latency, broker alone", "path", row.Path, "rate", rate, "p50", row.P50, "p99", row.P99, "max", row.Max, "missing", missing)
 	return row, nil
 }
 
@@ -238,19 +294,25 @@ func consumeAMQP(ctx context.Context, url string, emit func(string, time.Time) e
 	if err != nil {
 		return fmt.Errorf("channel: %w", err)
 	}
-	// The relay declares the exchange on first publish; declaring it here
-	// too (the same way) lets the queue be bound before.
+	// Consume the durable queue the relay's adapter declares for the topic,
+	// as a service would. A queue of its own beside it would leave that one
+	// filling with every run's events, unconsumed: RabbitMQ then confirms
+	// publishes behind a growing backlog, which no deployment has. It is
+	// emptied first, so each run starts with nothing queued.
 	if err := ch.ExchangeDeclare(benchTopic, "topic", true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange: %w", err)
 	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	q, err := ch.QueueDeclare(benchTopic, true, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("declare queue: %w", err)
 	}
-	if err := ch.QueueBind(q.Name, "#", benchTopic, false, nil); err != nil {
+	if err := ch.QueueBind(q.Name, benchTopic, benchTopic, false, nil); err != nil {
 		return fmt.Errorf("bind queue: %w", err)
 	}
-	msgs, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if _, err := ch.QueuePurge(q.Name, false); err != nil {
+		return fmt.Errorf("empty queue: %w", err)
+	}
+	msgs, err := ch.Consume(q.Name, "", true, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}

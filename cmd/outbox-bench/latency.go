@@ -241,6 +241,59 @@ func warmPool(ctx context.Context, p *pgxpool.Pool, n int) error {
 	return nil
 }
 
+// beginner is what a producer writes through: a pool, or one session of it.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// produceStamped writes event i in a transaction of its own and stamps its commit.
+func (b *bench) produceStamped(ctx context.Context, db beginner, w *outbox.Writer, rec *stamps, i int64) (time.Time, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("new event id: %w", err)
+	}
+	uid := id.String()
+	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return w.Write(ctx, tx, outbox.Message{ID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
+			Type: "bench.event", Payload: []byte(`{"n":1}`)})
+	}); err != nil {
+		return time.Time{}, fmt.Errorf("produce: %w", err)
+	}
+	t := time.Now()
+	rec.commit(uid, t)
+	return t, nil
+}
+
+// warmUp writes one event on each of n sessions of p, held at once so
+// that each is a different one, and waits until all of them are
+// published; then it forgets them. A session's first write compiles the
+// table's PL/pgSQL functions (tens of milliseconds), and the producers'
+// catching up after it bunches their commits: a start-up cost, not the
+// relay's latency.
+func (b *bench) warmUp(ctx context.Context, p *pgxpool.Pool, n int, w *outbox.Writer, rec *stamps) error {
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for i := range n {
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("warm up: %w", err)
+		}
+		conns = append(conns, c)
+		if _, err := b.produceStamped(ctx, c, w, rec, int64(i)); err != nil {
+			return fmt.Errorf("warm up: %w", err)
+		}
+	}
+	if got := waitCount(ctx, func() int64 { _, p := rec.counts(); return p }, int64(n), 30*time.Second); got < int64(n) {
+		return fmt.Errorf("warm up: %d of %d events published within 30s", got, n)
+	}
+	rec.reset()
+	return nil
+}
+
 // poolWaits says how often the relay waited for a connection of its pool
 // since since (pgxpool counts acquires that found none idle, and their
 // total time).
@@ -348,11 +401,11 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 		return latencyRow{}, err
 	}
 	defer pool.Close()
-	if err := warmPool(ctx, pool, 16); err != nil { // its sessions are watched from the start
-		return latencyRow{}, err
-	}
 	w, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
 	if err != nil {
+		return latencyRow{}, err
+	}
+	if err := b.warmUp(ctx, pool, 16, w, rec); err != nil { // its sessions are watched from the start
 		return latencyRow{}, err
 	}
 	sched := watchSched(ctx, b.pool, benchLatencyApp)
@@ -360,19 +413,10 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 	var last time.Time
 	var lastMu sync.Mutex
 	err = openLoop(ctx, rate, 16, b.cfg.LatencyRun, func(ctx context.Context, i int64) error {
-		id, err := uuid.NewV7()
+		t, err := b.produceStamped(ctx, pool, w, rec, i)
 		if err != nil {
-			return fmt.Errorf("new event id: %w", err)
+			return err
 		}
-		uid := id.String()
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return w.Write(ctx, tx, outbox.Message{ID: uid, AggregateID: aggregateID(i, b.cfg.Aggregates),
-				Type: "bench.event", Payload: []byte(`{"n":1}`)})
-		}); err != nil {
-			return fmt.Errorf("produce: %w", err)
-		}
-		t := time.Now()
-		rec.commit(uid, t)
 		lastMu.Lock()
 		if t.After(last) {
 			last = t
@@ -407,6 +451,18 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 	rep.Latency = append(rep.Latency, skipped...)
 	// Each broker with the table relay and the log relay, side by side.
 	for _, br := range brokers {
+		if b.latencyPath(br.name + ", broker alone") {
+			b.settle(ctx)
+			row, err := b.e2eAlone(ctx, br, 1000)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				b.log.Warn("broker alone not measured", "path", row.Path, "error", err)
+				row.Note = "not measured: " + err.Error()
+			}
+			rep.Latency = append(rep.Latency, row)
+		}
 		for _, run := range []struct {
 			rate    int
 			logMode bool
