@@ -20,7 +20,7 @@ type Options struct {
 	// claims; in ordered mode each aggregate has one at a time. A broker
 	// that answers each publish on its own (Kafka, Pub/Sub) goes as fast
 	// as the publishes in flight allow, so this is the setting to raise
-	// for it. Default 64, at most MaxLanes.
+	// for it. Default 256, at most MaxLanes.
 	Lanes int
 	// Claimers is how many claims (batches) may be open at once: while one
 	// is published, the next is claimed and the last is recorded. Each open
@@ -127,7 +127,7 @@ func (o Options) WithDefaults() (Options, error) {
 		}
 	}
 	def(&o.BatchSize, 500)
-	def(&o.Lanes, 64)
+	def(&o.Lanes, 256)
 	def(&o.Claimers, 4)
 	def(&o.HandOffAfter, 8)
 	defDur(&o.PollInterval, time.Second)

@@ -58,7 +58,7 @@ type Config struct {
 	// elsewhere, and a missing exchange fails its events permanently.
 	Passive bool `koanf:"passive"`
 	// Channels is the size of the pool of confirm channels, the most
-	// publishes awaiting a confirm at once; default 64, the relay's lanes.
+	// publishes awaiting a confirm at once; default 256, the relay's lanes.
 	Channels       int           `koanf:"channels"`
 	ConnectTimeout time.Duration `koanf:"connect_timeout"` // default 10s
 	Heartbeat      time.Duration `koanf:"heartbeat"`       // default 10s
@@ -75,7 +75,7 @@ func (s Config) withDefaults() Config {
 		s.ExchangeType = "topic"
 	}
 	if s.Channels == 0 {
-		s.Channels = 64
+		s.Channels = 256
 	}
 	if s.ConnectTimeout == 0 {
 		s.ConnectTimeout = 10 * time.Second

@@ -444,8 +444,8 @@ func AddGlobalFlags(fs *pflag.FlagSet) {
 // whichever of the flags of flagKeys the flag set it is given has.
 func AddRelayFlags(fs *pflag.FlagSet) {
 	fs.String("broker", "", "broker to publish to, required: "+strings.Join(brokers.Names(), ", ")+" (env OUTBOX_BROKER)")
-	fs.Int("batch-size", 0, "events per claim (default 500)")
-	fs.Int("lanes", 0, "concurrent publishes (default 64)")
+	fs.Int("batch-size", 0, fmt.Sprintf("events per claim (default %d)", Defaults().Relay.BatchSize))
+	fs.Int("lanes", 0, fmt.Sprintf("concurrent publishes (default %d)", Defaults().Relay.Lanes))
 	fs.Bool("unordered", false, "drop per-aggregate ordering for throughput")
 	fs.String("mode", "", "where events come from: table (claim the outbox table) or log (a logical replication slot)")
 	fs.Bool("no-wakeups", false, "poll only, no LISTEN/NOTIFY (for PgBouncer transaction pooling)")

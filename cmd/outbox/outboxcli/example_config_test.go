@@ -38,8 +38,8 @@ func TestExampleConfigIsValid(t *testing.T) {
 		}
 	}
 	// The example spells out the adapters' defaults (docs/brokers.md).
-	if len(k.Brokers) != 2 || a.Channels != 64 || g.ProjectID != "my-project" || g.PublishTimeout != 10*time.Second {
-		t.Errorf("broker sections not decoded or not the defaults: kafka %v, amqp channels %d (64), project %q, publish_timeout %s (10s)",
+	if len(k.Brokers) != 2 || a.Channels != 256 || g.ProjectID != "my-project" || g.PublishTimeout != 10*time.Second {
+		t.Errorf("broker sections not decoded or not the defaults: kafka %v, amqp channels %d (256), project %q, publish_timeout %s (10s)",
 			k.Brokers, a.Channels, g.ProjectID, g.PublishTimeout)
 	}
 	if c.Relay.Claimers != 4 || c.Routing.TopicPrefix != "prod." || c.HTTP.Listen != ":9090" {
