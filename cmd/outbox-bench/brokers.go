@@ -79,7 +79,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 			}
 			return relay, direct, func() { relay.Close(); direct.Close(); kf.Close() }, nil
 		}},
-		{name: "RabbitMQ (confirms)", note: "publisher confirms, persistent, durable exchange with a bound queue", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
+		{name: "RabbitMQ (confirms)", note: "publisher confirms, persistent, durable exchange with a bound queue, emptied before each run", setup: func(ctx context.Context) (core.Publisher, message.Publisher, func(), error) {
 			url := os.Getenv("OUTBOX_TEST_AMQP_URL")
 			if url == "" || url == "none" {
 				return nil, nil, nil, errNotMeasured("no RabbitMQ: OUTBOX_TEST_AMQP_URL is not set")
