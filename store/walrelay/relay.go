@@ -494,6 +494,7 @@ type stream struct {
 	tracker   *tracker
 	relations map[uint32]*pglogrepl.RelationMessage
 	engine    *core.Relay
+	marks     *marker // marks the published rows of every claim
 
 	// reader state
 	txn        *txn
@@ -545,7 +546,18 @@ func (s *stream) run(ctx context.Context) (err error) {
 		return fmt.Errorf("start engine: %w", err)
 	}
 	s.engine = engine
+	// The marker outlives the engine: a stopping engine still records what
+	// it published.
+	s.marks = newMarker(s.writeMarks)
+	mctx, mcancel := context.WithCancel(context.Background())
+	marking := make(chan struct{})
+	go func() {
+		defer close(marking)
+		s.marks.run(mctx)
+	}()
+	stopMarker := func() { mcancel(); <-marking }
 	if err := engine.Start(context.Background()); err != nil {
+		stopMarker()
 		return fmt.Errorf("start engine: %w", err)
 	}
 	stopped := false
@@ -558,6 +570,7 @@ func (s *stream) run(ctx context.Context) (err error) {
 			cancel()
 			_ = engine.Stop(cut)
 		}
+		stopMarker()
 		s.r.inFlight.Add(-s.events.Load())
 	}()
 	drain := func() error {

@@ -65,9 +65,10 @@ func (c *claim) Events() []core.Event {
 // Release is the end of an empty claim: nothing to record.
 func (c *claim) Release(context.Context) error { return nil }
 
-// Complete marks the published rows dispatched, retrying until it
-// succeeds (an event nobody recorded must not be confirmed), and counts
-// the published events done. The engine records no failures here, having
+// Complete marks the published rows dispatched, with those of the claims
+// that finish meanwhile (marker), retrying until it succeeds (an event
+// nobody recorded must not be confirmed), and counts the published events
+// done. The engine records no failures here, having
 // handed them off; any that come are handed off too.
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	s := c.s
@@ -77,17 +78,8 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 			rows = append(rows, it)
 		}
 	}
-	for i := 0; i < len(rows); i += s.r.opts.BatchSize {
-		part := rows[i:min(i+s.r.opts.BatchSize, len(rows))]
-		missing, err := retry(ctx, s, "mark events dispatched", func() (int, error) {
-			return s.r.sql.mark(ctx, s.r.pool, s.r.log, part)
-		})
-		if err != nil {
-			return fmt.Errorf("mark %d events dispatched: %w", len(part), err)
-		}
-		if missing > 0 {
-			s.r.log.Warn("published rows not found to mark; deleted since", "rows", missing)
-		}
+	if err := s.marks.mark(ctx, rows); err != nil {
+		return fmt.Errorf("mark %d events dispatched: %w", len(rows), err)
 	}
 	for _, seq := range done {
 		if it := c.bySeq[seq]; it != nil {
@@ -99,6 +91,24 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 			if _, err := retry(ctx, s, "hand event to the table", func() (struct{}, error) { return struct{}{}, c.HandOff(ctx, &it.ev, &f) }); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// writeMarks marks rows dispatched, a batch at a time, each retried until
+// it succeeds or ctx ends: an event nobody recorded must not be confirmed.
+func (s *stream) writeMarks(ctx context.Context, rows []*item) error {
+	for i := 0; i < len(rows); i += s.r.opts.BatchSize {
+		part := rows[i:min(i+s.r.opts.BatchSize, len(rows))]
+		missing, err := retry(ctx, s, "mark events dispatched", func() (int, error) {
+			return s.r.sql.mark(ctx, s.r.pool, s.r.log, part)
+		})
+		if err != nil {
+			return err
+		}
+		if missing > 0 {
+			s.r.log.Warn("published rows not found to mark; deleted since", "rows", missing)
 		}
 	}
 	return nil
