@@ -68,8 +68,8 @@ func (c *claim) Release(context.Context) error { return nil }
 // Complete marks the published rows dispatched, with those of the claims
 // that finish meanwhile (marker), retrying until it succeeds (an event
 // nobody recorded must not be confirmed), and counts the published events
-// done. The engine records no failures here, having
-// handed them off; any that come are handed off too.
+// done. The engine records no failures here, having handed them off; any
+// that come are handed off too.
 func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
 	s := c.s
 	var rows []*item
