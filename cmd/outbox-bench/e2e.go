@@ -214,7 +214,11 @@ func (b *bench) e2eAlone(ctx context.Context, br e2eBroker, rate int) (latencyRo
 	defer pub.Close()
 	lanes := effective(core.Options{}).Lanes
 	publish := func(ctx context.Context, i int64) error {
-		e := core.Event{Seq: i + 1, ID: uuid.Must(uuid.NewV7()).String(), AggregateID: aggregateID(i, b.cfg.Aggregates),
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("new event id: %w", err)
+		}
+		e := core.Event{Seq: i + 1, ID: id.String(), AggregateID: aggregateID(i, b.cfg.Aggregates),
 			Type: "bench.event", Payload: []byte(`{"n":1}`), CreatedAt: time.Now()}
 		rec.commit(e.ID, time.Now())
 		if err := pub.Publish(ctx, &e); err != nil {
