@@ -389,16 +389,7 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 	entered := make(chan struct{}, 2)
 	release := make(chan struct{})
 	var published log
-	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		published.add(e)
-		return nil
-	})
+	pub := holding(&published, release, func(*core.Event) bool { entered <- struct{}{}; return true })
 	r, err := core.New(s, pub, core.Options{Lanes: 2})
 	if err != nil {
 		t.Fatal(err)
