@@ -829,10 +829,10 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 			failed = append(failed, f)
 		}
 	}
-	for _, rej := range b.rejected {
-		err := Permanent(fmt.Errorf("cannot relay row: %w", rej.Err))
-		r.obs.Rejected(&rej.Event, err)
-		failed = append(failed, Failure{Seq: rej.Event.Seq, Reason: err.Error()})
+	rejections := make([]error, len(b.rejected))
+	for i, rej := range b.rejected {
+		rejections[i] = Permanent(fmt.Errorf("cannot relay row: %w", rej.Err))
+		failed = append(failed, Failure{Seq: rej.Event.Seq, Reason: rejections[i].Error()})
 	}
 	// A hard stop cancelled ctx; still record what reached the broker, so
 	// it is not published again.
@@ -855,6 +855,11 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 		return
 	}
 	r.obs.Completed(len(done), len(failed)+handedOff, time.Since(start))
+	// Reported once recorded: a row is held only now, and a batch that
+	// failed to complete is claimed again and rejected anew.
+	for i, rej := range b.rejected {
+		r.obs.Rejected(&rej.Event, rejections[i])
+	}
 	r.progress.Store(time.Now().UnixNano())
 	// Nothing went out and the broker gave transient errors: it is likely
 	// down. Back off the loop rather than hammering the broker and the

@@ -57,17 +57,24 @@ func (s *sink) has(id int64) bool {
 	return ok
 }
 
-// rejectCounter is a core.Observer counting rejected rows.
+// rejectCounter is a core.Observer counting rejected rows. With held
+// set, it also notes the rows reported before their hold was recorded.
 type rejectCounter struct {
 	claimCounter
+	held     func(seq int64) bool
 	mu       sync.Mutex
 	rejected []int64
+	early    []int64
 }
 
 func (c *rejectCounter) Rejected(e *core.Event, _ error) {
+	early := c.held != nil && !c.held(e.Seq)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rejected = append(c.rejected, e.Seq)
+	if early {
+		c.early = append(c.early, e.Seq)
+	}
 }
 
 func (c *rejectCounter) count() int {
@@ -130,7 +137,13 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 				otherLast := mustInsert(rawRow{agg: other, typ: "a.b", payload: `{"n":3}`})
 
 				pub := &sink{}
-				obs := &rejectCounter{}
+				// The observer reports a row the relay holds: by then the
+				// hold is in the table for an operator to see.
+				obs := &rejectCounter{held: func(seq int64) bool {
+					var held bool
+					err := pool.QueryRow(ctx, `SELECT retry_at = 'infinity' FROM `+table+` WHERE seq = $1`, seq).Scan(&held)
+					return err == nil && held
+				}}
 				r, err := core.New(s, pub, core.Options{PollInterval: 10 * time.Millisecond, Observer: obs, Unordered: unordered})
 				if err != nil {
 					t.Fatal(err)
@@ -160,6 +173,12 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 				}
 				if n := obs.count(); n != 1 {
 					t.Errorf("observer saw %d rejections, want 1 (a held row is not claimed again)", n)
+				}
+				obs.mu.Lock()
+				early := obs.early
+				obs.mu.Unlock()
+				if len(early) > 0 {
+					t.Errorf("observer was told of rejected rows %v before their hold was recorded", early)
 				}
 				stuck, err := s.Stuck(ctx, store.StuckOptions{})
 				if err != nil {
