@@ -1,13 +1,16 @@
-// Package amqp is the "amqp" broker: Watermill's AMQP publisher for
-// RabbitMQ with publisher confirms, persistent messages on durable
-// exchanges and queues, and a pool of confirm channels sized to the relay's
-// lanes.
+// Package amqp is the "amqp" broker: a RabbitMQ publisher with publisher
+// confirms, persistent mandatory messages on durable exchanges, and a pool
+// of confirm channels sized to the relay's lanes. Consumers read with
+// Watermill's AMQP subscriber (SubscriberConfig).
 //
 // A topic maps to an exchange (one per topic, named after it, unless
 // Config.Exchange names a single one) and to the routing key. Unless
 // Config.Passive is set, the publisher declares, on first use of a topic,
-// the durable exchange and a durable queue named after the topic bound with
-// the topic as binding key, so no event is dropped for want of a queue.
+// the durable exchange; queues are the consuming services'. A message no
+// queue receives comes back from RabbitMQ and its publish fails, so the
+// event stays pending in the outbox until a queue is bound, rather than
+// being dropped or piling up in a queue nobody reads. Config.TopicQueues
+// restores the earlier topology: a durable queue named after each topic.
 package amqp
 
 import (
@@ -17,11 +20,9 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -57,6 +58,12 @@ type Config struct {
 	// Passive declares nothing: exchanges (and queues) are managed
 	// elsewhere, and a missing exchange fails its events permanently.
 	Passive bool `koanf:"passive"`
+	// TopicQueues also declares, with each topic's exchange, a durable
+	// queue named after the topic and bound with it as binding key, so
+	// RabbitMQ keeps every event before any service has a queue. Nobody
+	// reads that queue once services have their own: it grows until a
+	// policy caps it. Off by default; not with Passive.
+	TopicQueues bool `koanf:"topic_queues"`
 	// Channels is the size of the pool of confirm channels, the most
 	// publishes awaiting a confirm at once; default 256, the relay's lanes.
 	Channels       int           `koanf:"channels"`
@@ -111,6 +118,9 @@ func (s Config) Validate() error {
 	default:
 		return fmt.Errorf("amqp: exchange_type: %q is not topic, direct, fanout or headers", s.ExchangeType)
 	}
+	if s.TopicQueues && s.Passive {
+		return errors.New("amqp: topic_queues: cannot declare queues with passive set")
+	}
 	switch {
 	case s.Channels < 0:
 		return errors.New("amqp: channels is negative")
@@ -160,22 +170,20 @@ func (s Config) exchange() wmamqp.ExchangeNameGenerator {
 	return wmamqp.GenerateExchangeNameTopicName
 }
 
-// New connects (an unreachable broker or refused credentials is an error),
-// opens the channel pool and returns a publisher routing with topics.
+// New connects (an unreachable broker or refused credentials is an error)
+// and returns a publisher routing with topics.
 //
-// Watermill's publisher blocks, ignoring contexts, while its broker does not
-// answer: in a pooled channel, in a confirm, in Close. So each connection
-// is a link of its own (see wm.Open): its sockets are tracked, a publish or
-// ping that outlives its deadline aborts them and the next publish
-// connects anew, as it does once the connection drops or the pool loses a
-// channel. Opening a link, pool included, is bounded by ConnectTimeout.
+// Each connection is a link of its own (see wm.Open): its sockets are
+// tracked, a publish or ping that outlives its deadline aborts them and the
+// next publish connects anew, as it does once the connection drops.
+// Connecting is bounded by ConnectTimeout.
 func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logger) (core.Publisher, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	s = s.withDefaults()
 	if log == nil {
-		log = slog.New(slog.DiscardHandler) // Watermill's AMQP publisher needs a logger
+		log = slog.New(slog.DiscardHandler)
 	}
 	uri, redacted, err := s.uri()
 	if err != nil {
@@ -185,25 +193,26 @@ func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	d := &dialer{s: s, uri: uri, redacted: redacted, cfg: cfg, exchange: s.exchange(), log: log}
+	d := &dialer{s: s, uri: uri, cfg: cfg, exchange: s.exchange(), log: log}
 	pub, err := wm.Open(ctx, d.dial, topics, classify, wm.Options{
 		DialTimeout: s.ConnectTimeout, Broken: linkDown, Logger: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", redacted, err)
 	}
-	log.Info("amqp publisher ready", "url", redacted, "channels", s.Channels, "exchange", s.Exchange, "passive", s.Passive)
+	log.Info("amqp publisher ready", "url", redacted, "channels", s.Channels, "exchange", s.Exchange,
+		"passive", s.Passive, "topic_queues", s.TopicQueues)
 	return pub, nil
 }
 
 // dialer opens links: one AMQP connection with its pool of confirm
 // channels.
 type dialer struct {
-	s             Config
-	uri, redacted string
-	cfg           amqp091.Config
-	exchange      wmamqp.ExchangeNameGenerator
-	log           *slog.Logger
+	s        Config
+	uri      string
+	cfg      amqp091.Config
+	exchange wmamqp.ExchangeNameGenerator
+	log      *slog.Logger
 }
 
 func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
@@ -224,49 +233,29 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 		}
 		return c, nil
 	})
-	wcfg := wmamqp.Config{
-		Connection: wmamqp.ConnectionConfig{
-			AmqpURI: d.uri, AmqpConfig: &cfg,
-			// A dropped connection is replaced by a new link, not by
-			// Watermill; a short backoff lets its reconnect loop see the
-			// close and end soon after.
-			Reconnect: &wmamqp.ReconnectConfig{BackoffInitialInterval: 50 * time.Millisecond, BackoffMultiplier: 2, BackoffMaxInterval: time.Second},
-		},
-		Marshaler: wmamqp.DefaultMarshaler{PostprocessPublishing: properties}, // persistent delivery mode
-		Exchange:  wmamqp.ExchangeConfig{GenerateName: d.exchange, Type: d.s.ExchangeType, Durable: true},
-		Publish: wmamqp.PublishConfig{
-			GenerateRoutingKey: func(topic string) string { return topic },
-			ChannelPoolSize:    d.s.Channels,
-			ConfirmDelivery:    true,
-		},
-		TopologyBuilder: declaredAlready{},
-	}
-	// Connecting and opening the pool take no context: ending ctx closes
-	// the sockets under them.
+	// Connecting takes no context: ending ctx closes the sockets under it.
 	stop := context.AfterFunc(ctx, socks.Abort)
 	defer stop()
-	wlog := watermill.NewSlogLogger(d.log)
-	conn, err := wmamqp.NewConnection(wcfg.Connection, wlog)
+	conn, err := amqp091.DialConfig(d.uri, cfg)
+	if err == nil && ctx.Err() != nil {
+		_ = conn.Close()
+		err = ctx.Err()
+	}
 	if err != nil {
 		socks.Abort()
 		return nil, fmt.Errorf("connect: %w", errors.Join(ctx.Err(), err))
 	}
-	// Read once, before anything can replace it; the link is this
-	// connection and ends with it.
-	amqpConn := conn.Connection()
-	pub, err := wmamqp.NewPublisherWithConnection(wcfg, wlog, conn)
-	if err == nil && ctx.Err() != nil {
-		err = ctx.Err()
-		_ = pub.Close()
-	}
-	if err != nil {
-		socks.Abort()
-		_ = conn.Close()
-		return nil, fmt.Errorf("open channel pool: %w", errors.Join(ctx.Err(), err))
-	}
-	t := &topology{Publisher: pub, wconn: conn, conn: amqpConn, socks: socks, uri: d.uri, cfg: cfg, s: d.s,
-		exchange: d.exchange, done: map[string]bool{}}
-	return &wm.Link{Publisher: t, Ping: t.ping, Abort: socks.Abort}, nil
+	l := &link{conn: conn, s: d.s, exchange: d.exchange, log: d.log,
+		dead: make(chan struct{}), slots: make(chan struct{}, d.s.Channels), declared: map[string]bool{},
+		marshaler: wmamqp.DefaultMarshaler{PostprocessPublishing: properties}} // persistent delivery mode
+	closed := conn.NotifyClose(make(chan *amqp091.Error, 1))
+	go func() {
+		if err := <-closed; err != nil {
+			d.log.Info("amqp connection closed", "error", err)
+		}
+		close(l.dead)
+	}()
+	return &wm.Link{Publisher: l, Ping: l.ping, Abort: socks.Abort}, nil
 }
 
 // properties sets the standard AMQP properties consumers look at first:
@@ -278,57 +267,120 @@ func properties(p amqp091.Publishing) amqp091.Publishing {
 	return p
 }
 
-// topology declares a topic's exchange, queue and binding before its first
-// publish (or, passive, checks that the exchange exists). It dials a
-// connection of its own for that: Watermill's, being replaced while it
-// reconnects, is not safe to use from outside. It also tells a link that
-// lost its connection from a failed publish.
-type topology struct {
-	*wmamqp.Publisher
-	wconn    *wmamqp.ConnectionWrapper
-	conn     *amqp091.Connection // the link's connection, as first opened
-	socks    *brokers.Sockets
-	uri      string
-	cfg      amqp091.Config
-	s        Config
-	exchange wmamqp.ExchangeNameGenerator
+// link publishes on one connection through a pool of confirm channels,
+// opened as publishes need them, up to Channels. Every message is
+// mandatory: one that no queue receives comes back, and its publish fails.
+// It declares a topic's exchange (and, with TopicQueues, its queue) before
+// the topic's first publish, or, passive, checks that the exchange exists.
+type link struct {
+	conn      *amqp091.Connection
+	s         Config
+	exchange  wmamqp.ExchangeNameGenerator
+	marshaler wmamqp.DefaultMarshaler
+	log       *slog.Logger
+	dead      chan struct{} // closed once the connection is
+	slots     chan struct{} // one per channel in use
 
-	mu   sync.RWMutex
-	done map[string]bool
+	mu   sync.Mutex
+	idle []*confirmChannel
+
+	topology sync.RWMutex
+	declared map[string]bool
 }
 
-var _ message.Publisher = (*topology)(nil)
+var _ message.Publisher = (*link)(nil)
 
 // errLinkDown marks errors after which the link is no use: its connection
-// closed, or Watermill's pool lost a channel (a channel it could not reopen
-// is never returned to the pool; once all are gone every publish blocks).
+// closed.
 var errLinkDown = errors.New("amqp connection lost")
 
 func linkDown(err error) bool { return errors.Is(err, errLinkDown) }
 
-func (t *topology) Publish(topic string, msgs ...*message.Message) error {
-	if t.conn.IsClosed() {
-		return errLinkDown
-	}
-	if err := t.ensure(topic); err != nil {
-		return err
-	}
-	err := t.Publisher.Publish(topic, msgs...)
-	if err != nil && (t.conn.IsClosed() || strings.Contains(err.Error(), "cannot open channel")) {
+// ErrNoQueue is the reason of a publish RabbitMQ returned because no queue
+// is bound to receive it. It is transient: the event stays pending and is
+// retried until a queue is bound (see Config.TopicQueues).
+var ErrNoQueue = errors.New("no queue is bound to receive it")
+
+// down marks err as errLinkDown when the connection has closed.
+func (l *link) down(err error) error {
+	if err != nil && l.conn.IsClosed() {
 		return fmt.Errorf("%w: %w", errLinkDown, err)
 	}
 	return err
 }
 
+// Publish sends msgs on one channel, each once the broker confirmed the
+// one before. Waiting for a channel ends with the connection or with the
+// first message's context.
+func (l *link) Publish(topic string, msgs ...*message.Message) error {
+	if l.conn.IsClosed() {
+		return errLinkDown
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := l.ensure(topic); err != nil {
+		return l.down(err)
+	}
+	ctx := msgs[0].Context()
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.dead:
+		return errLinkDown
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-l.slots }()
+	c, err := l.channel()
+	if err != nil {
+		return l.down(fmt.Errorf("open channel: %w", err))
+	}
+	defer l.release(c)
+	ex := l.exchange(topic)
+	for _, msg := range msgs {
+		p, err := l.marshaler.Marshal(msg)
+		if err != nil {
+			return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
+		}
+		if err := c.publish(ex, topic, p); err != nil {
+			return l.down(err)
+		}
+	}
+	return nil
+}
+
+// channel takes an idle channel, or opens one.
+func (l *link) channel() (*confirmChannel, error) {
+	l.mu.Lock()
+	if n := len(l.idle); n > 0 {
+		c := l.idle[n-1]
+		l.idle = l.idle[:n-1]
+		l.mu.Unlock()
+		return c, nil
+	}
+	l.mu.Unlock()
+	return openConfirmChannel(l.conn)
+}
+
+// release puts c back in the pool unless the broker closed it.
+func (l *link) release(c *confirmChannel) {
+	if c.ch.IsClosed() {
+		return
+	}
+	l.mu.Lock()
+	l.idle = append(l.idle, c)
+	l.mu.Unlock()
+}
+
 // ping opens and closes a channel on the link's connection: the broker
 // has to answer twice.
-func (t *topology) ping(ctx context.Context) error {
-	if t.conn.IsClosed() {
+func (l *link) ping(ctx context.Context) error {
+	if l.conn.IsClosed() {
 		return errLinkDown
 	}
 	done := make(chan error, 1)
 	go func() { // amqp091 calls take no context; a retired link's abort ends this
-		ch, err := t.conn.Channel()
+		ch, err := l.conn.Channel()
 		if err == nil {
 			err = ch.Close()
 		}
@@ -336,7 +388,7 @@ func (t *topology) ping(ctx context.Context) error {
 	}()
 	select {
 	case err := <-done:
-		if err != nil && t.conn.IsClosed() {
+		if err != nil && l.conn.IsClosed() {
 			return fmt.Errorf("%w: %w", errLinkDown, err)
 		}
 		if err != nil {
@@ -348,50 +400,45 @@ func (t *topology) ping(ctx context.Context) error {
 	}
 }
 
-// Close closes the channel pool, then the connection. When the link was
-// aborted it first waits, briefly, for the library to see the connection
-// drop: Watermill's watcher must take that news before Close stops it, or
-// the connection's reader blocks forever handing it over.
-func (t *topology) Close() error {
-	if t.socks.Aborted() {
-		for i := 0; i < 100 && !t.conn.IsClosed(); i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-		time.Sleep(10 * time.Millisecond)
+// Close closes the connection, and its channels with it.
+func (l *link) Close() error {
+	if err := l.conn.Close(); err != nil && !errors.Is(err, amqp091.ErrClosed) {
+		return fmt.Errorf("close connection: %w", err)
 	}
-	return errors.Join(t.Publisher.Close(), t.wconn.Close())
+	return nil
 }
 
-func (t *topology) ensure(topic string) error {
-	t.mu.RLock()
-	ok := t.done[topic]
-	t.mu.RUnlock()
+// ensure declares topic's topology once per link, on a channel of its
+// own: a declaration the broker refuses closes its channel.
+func (l *link) ensure(topic string) error {
+	l.topology.RLock()
+	ok := l.declared[topic]
+	l.topology.RUnlock()
 	if ok {
 		return nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.done[topic] {
+	l.topology.Lock()
+	defer l.topology.Unlock()
+	if l.declared[topic] {
 		return nil
 	}
-	conn, err := amqp091.DialConfig(t.uri, t.cfg)
+	ch, err := l.conn.Channel()
 	if err != nil {
-		return fmt.Errorf("connect to declare topology: %w", err)
+		return fmt.Errorf("open channel to declare topology: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	ex := t.exchange(topic)
-	if t.s.Passive {
-		if err := ch.ExchangeDeclarePassive(ex, t.s.ExchangeType, true, false, false, false, nil); err != nil {
+	defer ch.Close()
+	ex := l.exchange(topic)
+	switch {
+	case l.s.Passive:
+		if err := ch.ExchangeDeclarePassive(ex, l.s.ExchangeType, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("exchange %s: %w", ex, err)
 		}
-	} else {
-		if err := ch.ExchangeDeclare(ex, t.s.ExchangeType, true, false, false, false, nil); err != nil {
+	default:
+		if err := ch.ExchangeDeclare(ex, l.s.ExchangeType, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare exchange %s: %w", ex, err)
 		}
+	}
+	if l.s.TopicQueues {
 		if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare queue %s: %w", topic, err)
 		}
@@ -399,23 +446,79 @@ func (t *topology) ensure(topic string) error {
 			return fmt.Errorf("bind queue %s to %s: %w", topic, ex, err)
 		}
 	}
-	t.done[topic] = true
+	l.declared[topic] = true
 	return nil
 }
 
-// declaredAlready leaves Watermill nothing to declare: topology did it.
-type declaredAlready struct{}
+// confirmChannel is a channel in confirm mode that carries one publish at
+// a time. RabbitMQ sends a mandatory message's basic.return before its
+// basic.ack, and the library hands both over in that order, so once the
+// ack is in, a return for that message is already waiting.
+type confirmChannel struct {
+	ch       *amqp091.Channel
+	closed   chan *amqp091.Error
+	returns  chan amqp091.Return
+	confirms chan amqp091.Confirmation
+}
 
-func (declaredAlready) ExchangeDeclare(*amqp091.Channel, string, wmamqp.Config) error { return nil }
+func openConfirmChannel(conn *amqp091.Connection) (*confirmChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("confirm mode: %w", err)
+	}
+	// Buffered: the library blocks the connection's reader until each
+	// notice is taken, and there is at most one of each in flight.
+	return &confirmChannel{
+		ch:       ch,
+		closed:   ch.NotifyClose(make(chan *amqp091.Error, 1)),
+		returns:  ch.NotifyReturn(make(chan amqp091.Return, 1)),
+		confirms: ch.NotifyPublish(make(chan amqp091.Confirmation, 1)),
+	}, nil
+}
 
-func (declaredAlready) BuildTopology(*amqp091.Channel, wmamqp.BuildTopologyParams, wmamqp.Config, watermill.LoggerAdapter) error {
-	return errors.New("amqp: this publisher declares no subscriber topology")
+// publish sends p as mandatory and waits for the broker's answer.
+func (c *confirmChannel) publish(exchange, key string, p amqp091.Publishing) error {
+	if err := c.ch.Publish(exchange, key, true, false, p); err != nil {
+		return c.why(fmt.Errorf("publish: %w", err))
+	}
+	conf, ok := <-c.confirms
+	if !ok {
+		return c.why(errors.New("channel closed before the broker confirmed the message"))
+	}
+	select {
+	case r := <-c.returns:
+		return fmt.Errorf("returned by the broker (%d %s): exchange %s, routing key %s: %w; bind a queue to it, or set topic_queues",
+			r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey, ErrNoQueue)
+	default:
+	}
+	if !conf.Ack {
+		return errors.New("the broker nacked the message")
+	}
+	return nil
+}
+
+// why returns the broker's reason when it closed the channel (a missing
+// exchange, say), else err.
+func (c *confirmChannel) why(err error) error {
+	select {
+	case e, ok := <-c.closed:
+		if ok && e != nil {
+			return e
+		}
+	default:
+	}
+	return err
 }
 
 // classify marks the errors retrying cannot fix: a message over the
 // broker's size limit, a missing exchange (passive), an exchange or queue
 // declared with other arguments, no permission on the exchange. A nack is
-// transient: RabbitMQ sends one when it cannot take the message now.
+// transient: RabbitMQ sends one when it cannot take the message now. So is
+// a returned message: a queue may be bound later.
 func classify(err error) error {
 	var ae *amqp091.Error
 	if errors.As(err, &ae) {

@@ -27,10 +27,8 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// dropSignal is a log handler that reports when Watermill has seen the
-// connection drop. Watermill swaps its connection state without a lock when
-// that happens; waiting for its log line orders the test's next publish after
-// the swap, so the race detector watches our code, not that known race.
+// dropSignal is a log handler that reports when the publisher has seen
+// its connection drop.
 type dropSignal struct {
 	slog.Handler
 	dropped chan struct{}
@@ -43,7 +41,7 @@ func newDropSignal() *dropSignal {
 func (d *dropSignal) Enabled(context.Context, slog.Level) bool { return true }
 
 func (d *dropSignal) Handle(_ context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, "Received close notification") {
+	if strings.Contains(r.Message, "amqp connection closed") {
 		select {
 		case d.dropped <- struct{}{}:
 		default:
@@ -123,7 +121,12 @@ func TestConformance(t *testing.T) {
 		drop  *dropSignal
 	)
 	brokertest.Run(t, brokertest.Harness{
-		Open: func(t *testing.T, r *brokers.Routing, _ []string) core.Publisher {
+		Open: func(t *testing.T, r *brokers.Routing, topics []string) core.Publisher {
+			// Each topic's queue, as a consuming service binds it: the
+			// publisher declares none.
+			for _, tp := range topics {
+				bindQueue(t, raw, tp, tp, tp)
+			}
 			var u string
 			u, proxy = viaProxy(t, raw)
 			drop = newDropSignal()
@@ -158,6 +161,7 @@ func TestFixedExchange(t *testing.T) {
 	topic := "fixed" + strings.ReplaceAll(t.Name(), "/", "-")
 	e := &core.Event{Seq: 3, ID: "u3", AggregateID: "a", Type: "x.y", Payload: []byte(`{}`)}
 	r := &brokers.Routing{Fixed: topic}
+	bindQueue(t, raw, "outbox-test-events", topic, topic)
 	p2, err := amqp.New(t.Context(), amqp.Config{URL: raw, Exchange: "outbox-test-events"}, r, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -211,11 +215,12 @@ func TestPermanentErrors(t *testing.T) {
 	if err := pub.Publish(t.Context(), &core.Event{Seq: 2, ID: "u2", AggregateID: "a", Type: "t.x"}); !core.IsPermanent(err) {
 		t.Errorf("second publish to the clashing exchange: %v", err)
 	}
-	ok, err := amqp.New(t.Context(), amqp.Config{URL: raw}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
+	ok, err := amqp.New(t.Context(), amqp.Config{URL: raw, TopicQueues: true}, &brokers.Routing{TopicPrefix: clash + "-"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ok.Close()
+	t.Cleanup(func() { deleteQueue(t, raw, clash+"-t.x") })
 	if err := ok.Publish(t.Context(), good); err != nil {
 		t.Errorf("publish to a fresh topic: %v", err)
 	}
@@ -256,6 +261,7 @@ func TestValidate(t *testing.T) {
 		{amqp.Config{URL: "amqp://h/", Password: "x"}, "amqp: password is set but user is empty"},
 		{amqp.Config{URL: "amqp://h/", ExchangeType: "x-delayed"}, "amqp: exchange_type"},
 		{amqp.Config{URL: "amqp://h/", Channels: -1}, "amqp: channels"},
+		{amqp.Config{URL: "amqp://h/", Passive: true, TopicQueues: true}, "amqp: topic_queues"},
 		{amqp.Config{URL: "amqp://u:pw-9x@h/%zz"}, "amqp: url is not a valid URL"},
 	}
 	for _, c := range cases {
@@ -292,7 +298,10 @@ func TestRegistered(t *testing.T) {
 func TestStalls(t *testing.T) {
 	raw := rabbitURL(t)
 	brokertest.RunStalls(t, brokertest.StallHarness{
-		Open: func(t *testing.T, r *brokers.Routing, _ []string) (core.Publisher, *brokertest.Proxy) {
+		Open: func(t *testing.T, r *brokers.Routing, topics []string) (core.Publisher, *brokertest.Proxy) {
+			for _, tp := range topics {
+				bindQueue(t, raw, tp, tp, tp)
+			}
 			u, proxy := viaProxy(t, raw)
 			pub, err := amqp.New(t.Context(), amqp.Config{URL: u, Channels: 4, Heartbeat: 5 * time.Second, ConnectTimeout: 2 * time.Second}, r, brokertest.Logger(t))
 			if err != nil {

@@ -22,7 +22,7 @@ func BenchmarkPublish(b *testing.B) {
 	topic := prefix + "bench"
 	b.Cleanup(func() { deleteQueue(b, raw, topic) })
 	b.Run("adapter", func(b *testing.B) {
-		pub, err := amqp.New(b.Context(), amqp.Config{URL: raw}, &brokers.Routing{TopicPrefix: prefix}, nil)
+		pub, err := amqp.New(b.Context(), amqp.Config{URL: raw, TopicQueues: true}, &brokers.Routing{TopicPrefix: prefix}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -29,8 +29,9 @@ func ExampleNew() {
 		return
 	}
 	defer pub.Close()
-	// Declares exchange "order" and queue "order", then returns once
-	// RabbitMQ confirms the persistent message.
+	// Declares exchange "order", then returns once RabbitMQ confirms the
+	// persistent message; with no queue bound to receive it, it fails
+	// with amqp.ErrNoQueue and the relay retries the event.
 	_ = pub.Publish(ctx, &core.Event{Seq: 1, ID: "0b7e5c8e-0000-4000-8000-000000000001",
 		AggregateID: "order-7", Type: "order.placed", Payload: []byte(`{"total":12}`)})
 }

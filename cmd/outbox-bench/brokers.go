@@ -84,7 +84,8 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 			if url == "" || url == "none" {
 				return nil, nil, nil, errNotMeasured("no RabbitMQ: OUTBOX_TEST_AMQP_URL is not set")
 			}
-			relay, err := amqp.New(ctx, amqp.Config{URL: url, Channels: b.cfg.Lanes}, routing, b.log)
+			// The bound queue the direct publisher shares, emptied before each run.
+			relay, err := amqp.New(ctx, amqp.Config{URL: url, Channels: b.cfg.Lanes, TopicQueues: true}, routing, b.log)
 			if err != nil {
 				return nil, nil, nil, err
 			}
