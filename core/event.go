@@ -241,3 +241,29 @@ func IsPermanent(err error) bool {
 	var p *PermanentError
 	return errors.As(err, &p)
 }
+
+// UndeliverableError marks a transient publish failure the broker itself
+// reported: it is up, but nothing receives the event now (RabbitMQ returned
+// it: no queue is bound). The event is retried with RetryBackoff like any
+// transient failure, but the relay does not back off as from a broker that
+// is down, which would hold back every other event.
+type UndeliverableError struct{ Err error }
+
+func (e *UndeliverableError) Error() string { return e.Err.Error() }
+func (e *UndeliverableError) Unwrap() error { return e.Err }
+
+// Undeliverable wraps err as an UndeliverableError. Undeliverable(nil) is
+// nil.
+func Undeliverable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &UndeliverableError{Err: err}
+}
+
+// IsUndeliverable reports whether err, or an error it wraps, is
+// undeliverable.
+func IsUndeliverable(err error) bool {
+	var u *UndeliverableError
+	return errors.As(err, &u)
+}

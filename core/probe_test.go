@@ -86,6 +86,40 @@ func TestProbeKeepsBackoffWhileServersAnswer(t *testing.T) {
 	}
 }
 
+// Events the broker reports undeliverable (no queue receives them) are
+// retried on their own backoff; they do not back the loop off as from a
+// broker that is down, so other events go out as they come.
+func TestUndeliverableDoesNotBackOffTheLoop(t *testing.T) {
+	s := memstore.New()
+	unrouted := s.Add(core.Event{AggregateID: "unrouted"})[0]
+	obs := &observer{}
+	var sent log
+	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
+		if e.AggregateID == "unrouted" {
+			return core.Undeliverable(errors.New("returned: no queue is bound"))
+		}
+		sent.add(e)
+		return nil
+	})
+	startRelay(t, s, pub, core.Options{
+		PollInterval: 10 * time.Millisecond, Observer: obs,
+		RetryBackoff: core.Backoff{Min: 20 * time.Second, Max: 30 * time.Second},
+		ErrorBackoff: core.Backoff{Min: 20 * time.Second, Max: 30 * time.Second},
+	})
+	waitFor(t, "the undeliverable event's failure to be recorded", func() bool { return s.LastError(unrouted) != "" })
+	ids := s.Add(core.Event{AggregateID: "routed"})
+	added := time.Now()
+	for !sent.has(ids[0]) {
+		if time.Since(added) > 2*time.Second {
+			t.Fatal("an event waited over 2s behind another's undeliverable failure")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := obs.published.Load(); n != 2 {
+		t.Errorf("%d publish attempts, want 2: the undeliverable event's own backoff paces it", n)
+	}
+}
+
 // refusing answers pings but fails every publish.
 type refusing struct{ pings atomic.Int64 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -811,6 +810,7 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	var done []int64
 	var failed []Failure
 	handedOff := 0 // held or retried by the source: recorded already
+	brokerFailed := false // a transient failure that may be the broker's
 	now := time.Now()
 	for i, st := range b.states {
 		switch st {
@@ -825,6 +825,7 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 			f := Failure{Seq: b.events[i].Seq, Reason: err.Error()}
 			if !IsPermanent(err) {
 				f.RetryAt = now.Add(r.opts.RetryBackoff.Delay(b.events[i].Attempts))
+				brokerFailed = brokerFailed || !IsUndeliverable(err)
 			}
 			failed = append(failed, f)
 		}
@@ -863,8 +864,8 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	r.progress.Store(time.Now().UnixNano())
 	// Nothing went out and the broker gave transient errors: it is likely
 	// down. Back off the loop rather than hammering the broker and the
-	// database. Held events alone (zero RetryAt) mean the broker answered.
-	if len(done) == 0 && slices.ContainsFunc(failed, func(f Failure) bool { return !f.RetryAt.IsZero() }) {
+	// database. Held or undeliverable events alone mean the broker answered.
+	if len(done) == 0 && brokerFailed {
 		r.outcomes.put(fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason))
 		return
 	}

@@ -297,8 +297,9 @@ var errLinkDown = errors.New("amqp connection lost")
 func linkDown(err error) bool { return errors.Is(err, errLinkDown) }
 
 // ErrNoQueue is the reason of a publish RabbitMQ returned because no queue
-// is bound to receive it. It is transient: the event stays pending and is
-// retried until a queue is bound (see Config.TopicQueues).
+// is bound to receive it. It is transient and undeliverable
+// (core.IsUndeliverable): the event stays pending and is retried on its
+// own backoff until a queue is bound (see Config.TopicQueues).
 var ErrNoQueue = errors.New("no queue is bound to receive it")
 
 // down marks err as errLinkDown when the connection has closed.
@@ -491,8 +492,8 @@ func (c *confirmChannel) publish(exchange, key string, p amqp091.Publishing) err
 	}
 	select {
 	case r := <-c.returns:
-		return fmt.Errorf("returned by the broker (%d %s): exchange %s, routing key %s: %w; bind a queue to it, or set topic_queues",
-			r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey, ErrNoQueue)
+		return core.Undeliverable(fmt.Errorf("returned by the broker (%d %s): exchange %s, routing key %s: %w; bind a queue to it, or set topic_queues",
+			r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey, ErrNoQueue))
 	default:
 	}
 	if !conf.Ack {

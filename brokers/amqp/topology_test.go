@@ -88,8 +88,8 @@ func TestPublishWithoutQueueFails(t *testing.T) {
 		if !errors.Is(err, amqp.ErrNoQueue) {
 			t.Fatalf("publish with no queue bound: %v, want ErrNoQueue", err)
 		}
-		if core.IsPermanent(err) {
-			t.Fatalf("publish with no queue bound: %v is permanent; the event must be retried", err)
+		if core.IsPermanent(err) || !core.IsUndeliverable(err) {
+			t.Fatalf("publish with no queue bound: %v; want transient and undeliverable, retried", err)
 		}
 	}
 	if !strings.Contains(err.Error(), topic) || !strings.Contains(err.Error(), "NO_ROUTE") {
