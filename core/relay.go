@@ -809,8 +809,9 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	defer r.open.Done()
 	var done []int64
 	var failed []Failure
-	handedOff := 0        // held or retried by the source: recorded already
-	brokerFailed := false // a transient failure that may be the broker's
+	handedOff := 0 // held or retried by the source: recorded already
+	// Set by a transient failure that may be the broker's.
+	brokerFailed := false
 	now := time.Now()
 	for i, st := range b.states {
 		switch st {
