@@ -251,7 +251,7 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	closed := conn.NotifyClose(make(chan *amqp091.Error, 1))
 	go func() {
 		if err := <-closed; err != nil {
-			d.log.Info("amqp connection closed", "error", err)
+			l.log.Info("amqp connection closed", "error", err)
 		}
 		close(l.dead)
 	}()
