@@ -66,17 +66,17 @@ type report struct {
 	Env               env
 	Started, Finished time.Time
 
-	Drain    []rate
-	Latency  []latencyRow
+	Drain   []rate
+	Latency []latencyRow
 	// The steady-state rows, this build's and the previous release's.
 	Steady         []steadyRow
 	SteadyBaseline string // the previous release's revision, when it ran
 	SteadyNote     string // why a version did not run
-	Notify   []producerRow
-	Producer []producerRow
-	Brokers  []brokerRow
-	Replicas []rate
-	Backlogs []backlogRow
+	Notify         []producerRow
+	Producer       []producerRow
+	Brokers        []brokerRow
+	Replicas       []rate
+	Backlogs       []backlogRow
 	// The producers section.
 	Bulk           []bulkRow
 	Migration7     []bulkRow
