@@ -66,23 +66,24 @@ type report struct {
 	Env               env
 	Started, Finished time.Time
 
-	Drain   []rate
-	Latency []latencyRow
-	// The steady-state rows, this build's and the previous release's.
-	Steady         []steadyRow
-	SteadyBaseline string // the previous release's revision, when it ran
-	SteadyNote     string // why a version did not run
-	Notify         []producerRow
-	Producer       []producerRow
-	Brokers        []brokerRow
-	Replicas       []rate
-	Backlogs       []backlogRow
+	Drain    []rate
+	Latency  []latencyRow
+	Notify   []producerRow
+	Producer []producerRow
+	Brokers  []brokerRow
+	Replicas []rate
+	Backlogs []backlogRow
 	// The producers section.
 	Bulk           []bulkRow
 	Migration7     []bulkRow
 	Claims         []claimRow
 	Migration7Took time.Duration
 	Goals          []goal
+
+	// The steady-state rows, this build's and the previous release's.
+	Steady         []steadyRow
+	SteadyBaseline string // the previous release's revision, when it ran
+	SteadyNote     string // why a version did not run
 }
 
 func (r *report) drain(name string) (rate, bool) {
