@@ -27,27 +27,28 @@ type config struct {
 	DatabaseURL string
 	Quick       bool
 
-	Backlog      int           // drain backlog
-	SmallBacklog int           // scale: the small backlog
-	BigBacklog   int           // scale: the large backlog
-	LargeRows    int           // scale: a backlog of 3 MiB payloads
-	ReplicaLoad  int           // scale: backlog shared by replicas
-	Aggregates   int           // distinct aggregate ids in generated backlogs
-	PayloadBytes int           // size of each generated payload
-	BatchSize    int           // relay and floor batch size; 0: the relay's default
-	Lanes        int           // relay lanes; 0: the relay's default
-	Claimers     int           // relay open claims; 0: the relay's default
-	Outbox       string        // the outbox binary, for the rows that run it
-	Drainers     string        // drain section: the drainers to run, by key; empty: all
-	DrainCap     time.Duration // upper bound on one drain
-	Repeat       int           // rounds of the drain and producer comparisons; the best counts
-	BigDrainCap  time.Duration // upper bound on the large-backlog drain
-	LatencyRun   time.Duration // length of one fixed-rate latency run
-	LatencyPaths string        // latency section: entries separated by commas; a path runs when its name holds every word of one; empty: all
-	ProducerRun  time.Duration // length of one producer throughput run
-	BrokerEvents int           // events per broker run
-	SteadyRun    time.Duration // length of one steady-state run
-	BaselineRev  string        // the previous release's commit, built for the steady rows; empty: none
+	Backlog       int           // drain backlog
+	SmallBacklog  int           // scale: the small backlog
+	BigBacklog    int           // scale: the large backlog
+	LargeRows     int           // scale: a backlog of 3 MiB payloads
+	ReplicaLoad   int           // scale: backlog shared by replicas
+	Aggregates    int           // distinct aggregate ids in generated backlogs
+	PayloadBytes  int           // size of each generated payload
+	BatchSize     int           // relay and floor batch size; 0: the relay's default
+	Lanes         int           // relay lanes; 0: the relay's default
+	Claimers      int           // relay open claims; 0: the relay's default
+	Outbox        string        // the outbox binary, for the rows that run it
+	Drainers      string        // drain section: the drainers to run, by key; empty: all
+	DrainCap      time.Duration // upper bound on one drain
+	Repeat        int           // rounds of the drain and producer comparisons; the best counts
+	BigDrainCap   time.Duration // upper bound on the large-backlog drain
+	LatencyRun    time.Duration // length of one fixed-rate latency run
+	LatencyPaths  string        // latency section: entries separated by commas; a path runs when its name holds every word of one; empty: all
+	ProducerRun   time.Duration // length of one producer throughput run
+	BrokerEvents  int           // events per broker run
+	SteadyRun     time.Duration // length of one steady-state run
+	BaselineRev   string        // the previous release's commit, built for the steady rows; empty: none
+	SteadyProfile string        // directory for CPU profiles and SQL costs of this build's steady rows
 
 	Out        string // Markdown report; empty: print only
 	Chart      string // SVG chart; default: next to Out
@@ -84,6 +85,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == childCommand {
 		os.Exit(runChild(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == profiledCommand {
+		os.Exit(runProfiled(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == consumeCommand {
 		os.Exit(runConsume(os.Args[2:]))
 	}
@@ -118,6 +122,7 @@ func main() {
 	fs.IntVar(&c.BrokerEvents, "broker-events", c.BrokerEvents, "events per broker run")
 	fs.DurationVar(&c.SteadyRun, "steady-run", c.SteadyRun, "length of one steady-state run")
 	fs.StringVar(&c.BaselineRev, "baseline-rev", c.BaselineRev, "the previous release's commit: its `outbox` binary is built (git archive, go build) and run beside this build's in the steady-state rows; \"none\" skips it")
+	fs.StringVar(&c.SteadyProfile, "steady-profile", "", "steady rows: run this build's relay in this program under a CPU profile, and write profiles and the relay's SQL costs (pg_stat_statements, when loaded) into this directory")
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")

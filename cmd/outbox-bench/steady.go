@@ -256,8 +256,12 @@ func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (s
 			}
 		}
 	}()
-	for range c.relays {
-		p, err := b.startBinaryOf(ctx, v.bin, cfg, env...)
+	for i := range c.relays {
+		argv, err := b.profileArgv(v, profileName(c), i)
+		if err != nil {
+			return row, err
+		}
+		p, err := b.startBinaryOf(ctx, argv, cfg, env...)
 		if err != nil {
 			return row, err
 		}
@@ -344,6 +348,10 @@ func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (s
 	}
 	before, warm := delivered(), sent.Load()
 	cpu0 := b.steadyCPU(ctx, relays)
+	var stmts *statements
+	if v.Label == thisBuild {
+		stmts = b.watchStatements(ctx, cfg.Schema)
+	}
 
 	start := time.Now()
 	if err := openLoop(ctx, c.rate, 16, b.cfg.SteadyRun, produce); err != nil {
@@ -354,6 +362,9 @@ func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (s
 	waitCount(ctx, func() int64 { return delivered() - before }, n, 10*time.Second)
 	elapsed := time.Since(start)
 	cpu1 := b.steadyCPU(ctx, relays)
+	if stmts != nil {
+		stmts.report(ctx, profileName(c), n, elapsed)
+	}
 	if err := failed(); err != nil {
 		return row, err
 	}
