@@ -27,28 +27,31 @@ type config struct {
 	DatabaseURL string
 	Quick       bool
 
-	Backlog       int           // drain backlog
-	SmallBacklog  int           // scale: the small backlog
-	BigBacklog    int           // scale: the large backlog
-	LargeRows     int           // scale: a backlog of 3 MiB payloads
-	ReplicaLoad   int           // scale: backlog shared by replicas
-	Aggregates    int           // distinct aggregate ids in generated backlogs
-	PayloadBytes  int           // size of each generated payload
-	BatchSize     int           // relay and floor batch size; 0: the relay's default
-	Lanes         int           // relay lanes; 0: the relay's default
-	Claimers      int           // relay open claims; 0: the relay's default
-	Outbox        string        // the outbox binary, for the rows that run it
-	Drainers      string        // drain section: the drainers to run, by key; empty: all
-	DrainCap      time.Duration // upper bound on one drain
-	Repeat        int           // rounds of the drain and producer comparisons; the best counts
-	BigDrainCap   time.Duration // upper bound on the large-backlog drain
-	LatencyRun    time.Duration // length of one fixed-rate latency run
-	LatencyPaths  string        // latency section: entries separated by commas; a path runs when its name holds every word of one; empty: all
-	ProducerRun   time.Duration // length of one producer throughput run
-	BrokerEvents  int           // events per broker run
+	Backlog      int           // drain backlog
+	SmallBacklog int           // scale: the small backlog
+	BigBacklog   int           // scale: the large backlog
+	LargeRows    int           // scale: a backlog of 3 MiB payloads
+	ReplicaLoad  int           // scale: backlog shared by replicas
+	Aggregates   int           // distinct aggregate ids in generated backlogs
+	PayloadBytes int           // size of each generated payload
+	BatchSize    int           // relay and floor batch size; 0: the relay's default
+	Lanes        int           // relay lanes; 0: the relay's default
+	Claimers     int           // relay open claims; 0: the relay's default
+	Outbox       string        // the outbox binary, for the rows that run it
+	Drainers     string        // drain section: the drainers to run, by key; empty: all
+	DrainCap     time.Duration // upper bound on one drain
+	Repeat       int           // rounds of the drain and producer comparisons; the best counts
+	BigDrainCap  time.Duration // upper bound on the large-backlog drain
+	LatencyRun   time.Duration // length of one fixed-rate latency run
+	LatencyPaths string        // latency section: entries separated by commas; a path runs when its name holds every word of one; empty: all
+	ProducerRun  time.Duration // length of one producer throughput run
+	BrokerEvents int           // events per broker run
+
+	// The steady section.
 	SteadyRun     time.Duration // length of one steady-state run
 	BaselineRev   string        // the previous release's commit, built for the steady rows; empty: none
 	SteadyProfile string        // directory for CPU profiles and SQL costs of this build's steady rows
+	SteadyRows    string        // steady section: entries separated by commas; a row runs when its name holds every word of one; empty: all
 
 	Out        string // Markdown report; empty: print only
 	Chart      string // SVG chart; default: next to Out
@@ -122,6 +125,7 @@ func main() {
 	fs.IntVar(&c.BrokerEvents, "broker-events", c.BrokerEvents, "events per broker run")
 	fs.DurationVar(&c.SteadyRun, "steady-run", c.SteadyRun, "length of one steady-state run")
 	fs.StringVar(&c.BaselineRev, "baseline-rev", c.BaselineRev, "the previous release's commit: its `outbox` binary is built (git archive, go build) and run beside this build's in the steady-state rows; \"none\" skips it")
+	fs.StringVar(&c.SteadyRows, "steady-rows", "", "steady section: run only the rows whose name (such as \"cpu-log-only-1relays-1000\" or \"latency-kafka-kfake-3relays-1000\") holds every word of one of these entries, separated by commas (e.g. \"cpu 1000,latency 3relays\")")
 	fs.StringVar(&c.SteadyProfile, "steady-profile", "", "steady rows: run this build's relay in this program under a CPU profile, and write profiles and the relay's SQL costs (pg_stat_statements, when loaded) into this directory")
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")

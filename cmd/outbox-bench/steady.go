@@ -110,6 +110,9 @@ func (b *bench) steadySection(ctx context.Context, rep *report) error {
 		}
 	}
 	for _, c := range cases {
+		if !selected(b.cfg.SteadyRows, strings.ReplaceAll(profileName(c), "-", " ")) {
+			continue
+		}
 		// The versions of one row run back to back, so both see the same
 		// machine.
 		for _, v := range versions {
