@@ -47,7 +47,10 @@ type steadyRow struct {
 	// CPU over the measured window: the relay processes, and the server
 	// processes of their sessions (walsender included).
 	RelayCPU, DBCPU time.Duration
-	Note            string
+	// CPU rows: the same, per second of an idle relay before the window
+	// (no event written): what a relay costs whatever the rate.
+	IdleRelay, IdleDB time.Duration
+	Note              string
 }
 
 const (
@@ -348,6 +351,14 @@ func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (s
 	time.Sleep(200 * time.Millisecond) // the warm-up's marks settle
 	if rec != nil {
 		rec.reset()
+	}
+	if c.kind == steadyCPU {
+		idle := b.cfg.SteadyRun / 3
+		i0 := b.steadyCPU(ctx, relays)
+		time.Sleep(idle)
+		i1 := b.steadyCPU(ctx, relays)
+		row.IdleRelay = time.Duration(float64(i1.relay-i0.relay) / idle.Seconds())
+		row.IdleDB = time.Duration(float64(i1.db(i0)) / idle.Seconds())
 	}
 	before, warm := delivered(), sent.Load()
 	cpu0 := b.steadyCPU(ctx, relays)

@@ -23,6 +23,13 @@ func ratio(newer, older float64) string {
 	return fmt.Sprintf("%.2fx", newer/older)
 }
 
+// idleText is an idle relay's CPU per second, its process's and its
+// sessions'.
+func idleText(x steadyRow) string {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
+	return ms(x.IdleRelay) + " + " + ms(x.IdleDB)
+}
+
 func (x steadyRow) perEvent(d time.Duration) float64 { return perEventUS(d, int64(x.Events)) }
 
 func (r *report) steadyTables() []table {
@@ -42,7 +49,7 @@ func (r *report) steadyTables() []table {
 	lat := table{Title: fmt.Sprintf("Steady state: commit-to-consumer latency, `outbox relay` processes, one event per transaction, this build next to %s", base),
 		Head: []string{"broker", "relays", "rate", "achieved/s, new / old", "p50", "p99", base + " p50", base + " p99", "p50 new/old", "p99 new/old", "undelivered", "notes"}}
 	cpu := table{Title: fmt.Sprintf("Steady state: CPU per event, one `outbox relay` process and its PostgreSQL sessions, one event per transaction, this build next to %s", base),
-		Head: []string{"mode", "rate", "relay us/event", "PostgreSQL us/event", "total us/event", base + " relay", base + " PostgreSQL", base + " total", "total new/old", "notes"}}
+		Head: []string{"mode", "rate", "relay us/event", "PostgreSQL us/event", "total us/event", base + " relay", base + " PostgreSQL", base + " total", "total new/old", "idle CPU, ms/s: new / old", "notes"}}
 	us := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	for _, x := range r.Steady {
 		if x.Version != thisBuild {
@@ -72,21 +79,21 @@ func (r *report) steadyTables() []table {
 				fmt.Sprint(x.Missing), n})
 		case steadyCPU:
 			if x.Events == 0 {
-				cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), "-", "-", "-", "-", "-", "-", "-", note(x)})
+				cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), "-", "-", "-", "-", "-", "-", "-", "-", note(x)})
 				continue
 			}
 			total := x.perEvent(x.RelayCPU + x.DBCPU)
-			orelay, odb, ototal := "-", "-", "-"
+			orelay, odb, ototal, oidle := "-", "-", "-", "-"
 			var oTotal float64
 			n := note(x)
 			if ok && o.Events > 0 {
 				oTotal = o.perEvent(o.RelayCPU + o.DBCPU)
-				orelay, odb, ototal = us(o.perEvent(o.RelayCPU)), us(o.perEvent(o.DBCPU)), us(oTotal)
+				orelay, odb, ototal, oidle = us(o.perEvent(o.RelayCPU)), us(o.perEvent(o.DBCPU)), us(oTotal), idleText(o)
 			} else if ok {
 				n += "; " + base + ": " + o.Note
 			}
 			cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), us(x.perEvent(x.RelayCPU)), us(x.perEvent(x.DBCPU)), us(total),
-				orelay, odb, ototal, ratio(total, oTotal), n})
+				orelay, odb, ototal, ratio(total, oTotal), idleText(x) + " / " + oidle, n})
 		}
 	}
 	var ts []table
