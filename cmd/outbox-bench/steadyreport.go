@@ -49,7 +49,7 @@ func (r *report) steadyTables() []table {
 	lat := table{Title: fmt.Sprintf("Steady state: commit-to-consumer latency, `outbox relay` processes, one event per transaction, this build next to %s", base),
 		Head: []string{"broker", "relays", "rate", "achieved/s, new / old", "p50", "p99", base + " p50", base + " p99", "p50 new/old", "p99 new/old", "undelivered", "notes"}}
 	cpu := table{Title: fmt.Sprintf("Steady state: CPU per event, one `outbox relay` process and its PostgreSQL sessions, one event per transaction, this build next to %s", base),
-		Head: []string{"mode", "rate", "relay us/event", "PostgreSQL us/event", "total us/event", base + " relay", base + " PostgreSQL", base + " total", "total new/old", "idle CPU, ms/s: new / old", "notes"}}
+		Head: []string{"mode", "rate", "achieved/s, new / old", "relay us/event", "PostgreSQL us/event", "total us/event", base + " relay", base + " PostgreSQL", base + " total", "total new/old", "idle CPU, ms/s: new / old", "notes"}}
 	us := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	for _, x := range r.Steady {
 		if x.Version != thisBuild {
@@ -79,20 +79,21 @@ func (r *report) steadyTables() []table {
 				fmt.Sprint(x.Missing), n})
 		case steadyCPU:
 			if x.Events == 0 {
-				cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), "-", "-", "-", "-", "-", "-", "-", "-", note(x)})
+				cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), "-", "-", "-", "-", "-", "-", "-", "-", "-", note(x)})
 				continue
 			}
 			total := x.perEvent(x.RelayCPU + x.DBCPU)
-			orelay, odb, ototal, oidle := "-", "-", "-", "-"
+			orelay, odb, ototal, oidle, oachieved := "-", "-", "-", "-", "-"
 			var oTotal float64
 			n := note(x)
 			if ok && o.Events > 0 {
 				oTotal = o.perEvent(o.RelayCPU + o.DBCPU)
 				orelay, odb, ototal, oidle = us(o.perEvent(o.RelayCPU)), us(o.perEvent(o.DBCPU)), us(oTotal), idleText(o)
+				oachieved = perSec(o.Achieved)
 			} else if ok {
 				n += "; " + base + ": " + o.Note
 			}
-			cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), us(x.perEvent(x.RelayCPU)), us(x.perEvent(x.DBCPU)), us(total),
+			cpu.Rows = append(cpu.Rows, []string{x.Path, fmt.Sprint(x.Rate), perSec(x.Achieved) + " / " + oachieved, us(x.perEvent(x.RelayCPU)), us(x.perEvent(x.DBCPU)), us(total),
 				orelay, odb, ototal, ratio(total, oTotal), idleText(x) + " / " + oidle, n})
 		}
 	}
