@@ -355,7 +355,11 @@ func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (s
 	if c.kind == steadyCPU {
 		idle := b.cfg.SteadyRun / 3
 		i0 := b.steadyCPU(ctx, relays)
-		time.Sleep(idle)
+		select {
+		case <-ctx.Done():
+			return row, ctx.Err()
+		case <-time.After(idle):
+		}
 		i1 := b.steadyCPU(ctx, relays)
 		row.IdleRelay = time.Duration(float64(i1.relay-i0.relay) / idle.Seconds())
 		row.IdleDB = time.Duration(float64(i1.db(i0)) / idle.Seconds())
