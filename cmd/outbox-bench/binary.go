@@ -37,7 +37,14 @@ func (b *bench) startBinary(ctx context.Context, cfg store.Config, env ...string
 	if b.cfg.Outbox == "" {
 		return nil, errNotMeasured("no binary: -outbox names no `outbox` binary (make bench builds bin/outbox)")
 	}
-	cmd := exec.CommandContext(ctx, b.cfg.Outbox, "relay")
+	return b.startBinaryOf(ctx, []string{b.cfg.Outbox}, cfg, env...)
+}
+
+// startBinaryOf is startBinary with the command line before `relay`
+// given: this build's binary, another version's, or this program running
+// the command line under a profile.
+func (b *bench) startBinaryOf(ctx context.Context, argv []string, cfg store.Config, env ...string) (*relayProcess, error) {
+	cmd := exec.CommandContext(ctx, argv[0], append(argv[1:], "relay")...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.cfg.DatabaseURL,
 		"OUTBOX_STORE_SCHEMA="+cfg.Schema, "OUTBOX_STORE_NOTIFY_CHANNEL="+cfg.NotifyChannel)
 	if len(env) == 0 || !hasPrefix(env, "OUTBOX_BROKER=") {

@@ -504,12 +504,16 @@ func (b *bench) latencySection(ctx context.Context, rep *report) error {
 
 // latencyPath says whether the run's -latency-paths lets the path run: a
 // path runs when every word of one of the list's entries is in its name.
-func (b *bench) latencyPath(name string) bool {
-	if b.cfg.LatencyPaths == "" {
+func (b *bench) latencyPath(name string) bool { return selected(b.cfg.LatencyPaths, name) }
+
+// selected says whether a filter of entries separated by commas lets name
+// run: every word of one entry is in it. An empty filter lets all run.
+func selected(filter, name string) bool {
+	if filter == "" {
 		return true
 	}
 	name = strings.ToLower(name)
-	for _, entry := range strings.Split(strings.ToLower(b.cfg.LatencyPaths), ",") {
+	for _, entry := range strings.Split(strings.ToLower(filter), ",") {
 		words := strings.Fields(entry)
 		if len(words) > 0 && !slices.ContainsFunc(words, func(w string) bool { return !strings.Contains(name, w) }) {
 			return true

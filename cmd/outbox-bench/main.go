@@ -47,13 +47,23 @@ type config struct {
 	ProducerRun  time.Duration // length of one producer throughput run
 	BrokerEvents int           // events per broker run
 
+	// The steady section.
+	SteadyRun     time.Duration // length of one steady-state run
+	BaselineRev   string        // the previous release's commit, built for the steady rows; empty: none
+	SteadyProfile string        // directory for CPU profiles and SQL costs of this build's steady rows
+	SteadyRows    string        // steady section: entries separated by commas; a row runs when its name holds every word of one; empty: all
+
 	Out        string // Markdown report; empty: print only
 	Chart      string // SVG chart; default: next to Out
 	CPUProfile string
 	MemProfile string
-	Only       string // run one section: drain, latency, producer, brokers, scale, producers
+	Only       string // run one section: drain, latency, steady, producer, brokers, scale, producers
 	Render     string // re-render the report from this JSON file instead of measuring
 }
+
+// previousRelease is the commit of the release before this one, which the
+// steady-state rows compare against.
+const previousRelease = "9d58d77"
 
 func defaults(quick bool) config {
 	c := config{
@@ -61,6 +71,7 @@ func defaults(quick bool) config {
 		Aggregates: 10_000, PayloadBytes: 128,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
 		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
+		SteadyRun: 10 * time.Second, BaselineRev: previousRelease,
 	}
 	if quick {
 		c.Backlog, c.SmallBacklog, c.BigBacklog, c.ReplicaLoad = 20_000, 5_000, 200_000, 20_000
@@ -68,6 +79,7 @@ func defaults(quick bool) config {
 		c.Aggregates = 1000
 		c.DrainCap, c.BigDrainCap, c.Repeat = 15*time.Second, 10*time.Second, 1
 		c.LatencyRun, c.ProducerRun, c.BrokerEvents = 2*time.Second, 2*time.Second, 5_000
+		c.SteadyRun = 2 * time.Second
 	}
 	return c
 }
@@ -75,6 +87,9 @@ func defaults(quick bool) config {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == childCommand {
 		os.Exit(runChild(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == profiledCommand {
+		os.Exit(runProfiled(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == consumeCommand {
 		os.Exit(runConsume(os.Args[2:]))
@@ -108,11 +123,15 @@ func main() {
 	fs.StringVar(&c.LatencyPaths, "latency-paths", "", "latency section: run only the paths whose name holds every word of one of these entries, separated by commas (e.g. \"rabbitmq log,in process\")")
 	fs.DurationVar(&c.ProducerRun, "producer-run", c.ProducerRun, "length of one producer throughput run")
 	fs.IntVar(&c.BrokerEvents, "broker-events", c.BrokerEvents, "events per broker run")
+	fs.DurationVar(&c.SteadyRun, "steady-run", c.SteadyRun, "length of one steady-state run")
+	fs.StringVar(&c.BaselineRev, "baseline-rev", c.BaselineRev, "the previous release's commit: its `outbox` binary is built (git archive, go build) and run beside this build's in the steady-state rows; \"none\" skips it")
+	fs.StringVar(&c.SteadyRows, "steady-rows", "", "steady section: run only the rows whose name (such as \"cpu-log-only-1relays-1000\" or \"latency-kafka-kfake-3relays-1000\") holds every word of one of these entries, separated by commas (e.g. \"cpu 1000,latency 3relays\")")
+	fs.StringVar(&c.SteadyProfile, "steady-profile", "", "steady rows: run this build's relay in this program under a CPU profile, and write profiles and the relay's SQL costs (pg_stat_statements, when loaded) into this directory")
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report here")
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write an allocation profile of the whole run here")
-	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, producer, brokers, scale or producers")
+	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, steady, producer, brokers, scale or producers")
 	fs.StringVar(&c.Render, "render", "", "write -out again from the figures saved beside an earlier report (its .json)")
 	_ = fs.Parse(os.Args[1:])
 
@@ -189,6 +208,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	}{
 		{"drain", b.drainSection},
 		{"latency", b.latencySection},
+		{"steady", b.steadySection},
 		{"producer", b.producerSection},
 		{"brokers", b.brokerSection},
 		{"scale", b.scaleSection},

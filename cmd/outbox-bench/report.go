@@ -79,6 +79,11 @@ type report struct {
 	Claims         []claimRow
 	Migration7Took time.Duration
 	Goals          []goal
+
+	// The steady-state rows, this build's and the previous release's.
+	Steady         []steadyRow
+	SteadyBaseline string // the previous release's revision, when it ran
+	SteadyNote     string // why a version did not run
 }
 
 func (r *report) drain(name string) (rate, bool) {
@@ -142,6 +147,7 @@ func (r *report) evaluate() {
 			fmt.Sprintf("p99 %s (p50 %s, p99.9 %s, max %s)%s", fmtDur(l.P99), fmtDur(l.P50), fmtDur(l.P999), fmtDur(l.Max), r.brokerAlone(l.Path, l.Rate)),
 			l.P99 < 10*time.Millisecond && l.Missing == 0)
 	}
+	r.steadyGoals(add)
 	// What producers pay: each variant against the transaction of two
 	// business rows it replaces one of, at 1 and 16 producers.
 	producerGoals := []struct {
@@ -290,6 +296,7 @@ func (r *report) tables() []table {
 		}
 		ts = append(ts, t)
 	}
+	ts = append(ts, r.steadyTables()...)
 	prod := func(title string, rows []producerRow) {
 		if len(rows) == 0 {
 			return
