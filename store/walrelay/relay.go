@@ -387,6 +387,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if s.handedOff, err = r.loadHandedOff(sctx); err != nil {
 		return false, err
 	}
+	// Held by this session, the slot is the outbox's: recorded for the
+	// log-only write function (a slot made before the record existed).
+	if err := r.sql.RecordSlot(sctx, r.pool, r.opts.Slot.Name, r.opts.Slot.Publication); err != nil {
+		r.log.Warn("log relay: the slot is not recorded, so log-only writes are refused until `outbox slot create` records it", "slot", r.opts.Slot.Name, "error", err)
+	}
 	cancel()
 	// Readiness tells the present: this session streams, so the failure
 	// of an earlier one (such as the slot it has since created) is over.

@@ -285,7 +285,8 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		if st.Plugin != "pgoutput" {
 			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
 		}
-		return c, nil
+		// Recorded again: a slot made before the record existed.
+		return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 	}
 	lock, err := pool.Acquire(ctx)
 	if err != nil {
@@ -343,13 +344,15 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
-		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, nil
+		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 	}
 	if err != nil {
 		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	c.Slot = true
-	return c, nil
+	// Only now may log-only events be written: the permanent slot reads
+	// every transaction that commits after this.
+	return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 }
 
 // testHookHandedOff, when set (by tests), runs after the hand-off and
@@ -397,6 +400,13 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot)
 		if err := dropSlot(ctx, pool, s.Name); err != nil {
 			return err
 		}
+	}
+	lt, err := store.NewLogTable(cfg)
+	if err != nil {
+		return err
+	}
+	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
+		return fmt.Errorf("drop slot: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.Publication}.Sanitize()); err != nil {
 		return fmt.Errorf("drop publication %s: %w", s.Publication, err)
