@@ -309,7 +309,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if errors.Is(err, ErrNoSlot) {
 				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
 			}
-			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrMixedModes) {
+			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) || errors.Is(err, ErrMixedModes) {
 				r.obs.Errored("replication", err)
 				r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
 				return fmt.Errorf("log relay: %w", err)
@@ -438,15 +438,31 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot.Name).Scan(&plugin,
 // checkPublication fails with ErrNotPublished unless the slot's
 // publication publishes inserts into the outbox table.
 func (r *Relay) checkPublication(ctx context.Context) error {
-	var ok bool
+	var ok, rowFilter, columnList bool
+	// Row filters and column lists (PostgreSQL 15+) are columns of
+	// pg_publication_rel read by name, so one statement serves every
+	// version.
+	table := pgx.Identifier{r.opts.Store.Schema, r.opts.Store.Table}.Sanitize()
 	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname
-WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)`,
-		r.opts.Slot.Publication, r.opts.Store.Schema, r.opts.Store.Table).Scan(&ok)
+WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3),
+       COALESCE(bool_or(to_jsonb(r) ->> 'prqual' IS NOT NULL), false), COALESCE(bool_or(to_jsonb(r) ->> 'prattrs' IS NOT NULL), false)
+FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+WHERE p.pubname = $1 AND r.prrelid = to_regclass($4)`,
+		r.opts.Slot.Publication, r.opts.Store.Schema, r.opts.Store.Table, table).Scan(&ok, &rowFilter, &columnList)
 	if err != nil {
 		return fmt.Errorf("check publication %s: %w", r.opts.Slot.Publication, err)
 	}
+	if rowFilter || columnList {
+		what := "a row filter"
+		if columnList {
+			what = "a column list"
+		}
+		return fmt.Errorf("%w: publication %s has %s on %s, so the slot's stream would skip rows or columns the relay needs: "+
+			"publish the whole table (ALTER PUBLICATION %s SET TABLE %s); rows skipped meanwhile are not in the stream: "+
+			"recreating the slot (`outbox slot drop`, `outbox slot create`) hands pending rows to the table path",
+			ErrPublicationFiltered, r.opts.Slot.Publication, what, table, pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), table)
+	}
 	if !ok {
-		table := pgx.Identifier{r.opts.Store.Schema, r.opts.Store.Table}.Sanitize()
 		return fmt.Errorf("%w: publication %s does not publish inserts into %s, so the slot's stream carries none of its rows: "+
 			"restore it (ALTER PUBLICATION %s ADD TABLE %s, publish 'insert'); rows inserted meanwhile are not in the stream: "+
 			"recreating the slot (`outbox slot drop`, `outbox slot create`) hands pending rows to the table path",
@@ -507,6 +523,11 @@ type stream struct {
 	received   pglogrepl.LSN
 	confirmed  pglogrepl.LSN // the position last sent as flushed
 	statusAt   time.Time     // when a status was last sent
+
+	// clockOffset is the server's clock minus this host's (nanoseconds),
+	// from the send time of the server's last message: deliver-at times
+	// are the database's, compared with its clock.
+	clockOffset atomic.Int64
 
 	freed  chan struct{} // a token whenever an event is done
 	bytes  atomic.Int64  // payload bytes in flight
@@ -607,7 +628,7 @@ func (s *stream) run(ctx context.Context) (err error) {
 				if ctx.Err() != nil {
 					return drain()
 				}
-				if errors.Is(err, ErrNotPublished) {
+				if errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) {
 					return err
 				}
 				s.r.log.Warn("log relay: check publication failed", "error", err)
@@ -778,6 +799,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
+		s.serverClock(k.ServerTime)
 		if s.txn == nil {
 			s.tracker.idleAt(k.ServerWALEnd)
 		}
@@ -793,6 +815,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("parse WAL data: %w", err)
 	}
+	s.serverClock(x.ServerTime)
 	s.received = max(s.received, x.WALStart+pglogrepl.LSN(len(x.WALData)))
 	m, err := pglogrepl.Parse(x.WALData)
 	if err != nil {
@@ -846,6 +869,22 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		s.dispatch(ctx, it)
 	}
 	return nil
+}
+
+// hostClock is this host's clock; tests skew it.
+var hostClock = time.Now
+
+// serverClock notes the server's clock at sent, the send time of one of
+// its messages.
+func (s *stream) serverClock(sent time.Time) {
+	if !sent.IsZero() {
+		s.clockOffset.Store(int64(sent.Sub(hostClock())))
+	}
+}
+
+// serverNow is the server's clock now, as last measured.
+func (s *stream) serverNow() time.Time {
+	return hostClock().Add(time.Duration(s.clockOffset.Load()))
 }
 
 // dispatch puts it in the buffer and wakes the engine to claim it.

@@ -154,6 +154,12 @@ var ErrSlotLost = errors.New("replication slot is invalidated")
 // rows, and the slot's position would move past them.
 var ErrNotPublished = errors.New("publication does not publish the outbox table's inserts")
 
+// ErrPublicationFiltered is returned (wrapped) by Run when the slot's
+// publication has a row filter or a column list on the outbox table
+// (PostgreSQL 15+): the stream would skip rows, or carry rows the relay
+// cannot read, while the slot's position moved past them.
+var ErrPublicationFiltered = errors.New("publication filters the outbox table's rows or columns")
+
 // Check verifies what the log relay needs from the server and the role
 // before it starts: wal_level logical, and the REPLICATION attribute. The
 // error says what to change.
