@@ -172,6 +172,7 @@ type Relay struct {
 	// was last seen with nothing in flight: what a stall is counted from.
 	advanced atomic.Int64
 	failure  atomic.Pointer[string] // the last session's error; nil while streaming or standing by
+	current  atomic.Pointer[stream] // the session's stream while it reads the slot
 }
 
 // New returns a relay reading the slot over pool's server and publishing
@@ -359,7 +360,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{},
-		stopping: make(chan struct{})}
+		stopping: make(chan struct{}), sweepAt: minSweep}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
 	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
@@ -399,7 +400,10 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
+	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_off_aggregates", len(s.handedOff))
+	r.current.Store(s)
+	defer r.current.Store(nil)
 	return true, s.run(ctx)
 }
 
@@ -475,15 +479,15 @@ WHERE p.pubname = $1 AND r.prrelid = to_regclass($4)`,
 // later events must follow them through the table. It waits for a
 // CreateSlot that is still handing rows off, and for the hand-offs in
 // progress of the relay that held the slot before (see asHolder).
-func (r *Relay) loadHandedOff(ctx context.Context) (map[string]uint32, error) {
-	out := map[string]uint32{}
+func (r *Relay) loadHandedOff(ctx context.Context) (map[string]handOffNote, error) {
+	out := map[string]handOffNote{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
 			return err
 		}
 		aggs, err := r.sql.HandedOffAggregates(ctx, tx)
 		for _, a := range aggs {
-			out[a] = 0
+			out[a] = handOffNote{}
 		}
 		return err
 	})
@@ -540,12 +544,34 @@ type stream struct {
 
 	mu       sync.Mutex
 	buffered []*item // read, not yet claimed
-	// handedOff holds the aggregates whose events go to the table, each
-	// with the transaction whose hand-off notice named it (0 when known
+	// handedOff holds the aggregates whose events go to the table (see
+	// handOffNote). Entries go when a lookup or a sweep finds the
+	// aggregate with nothing pending handed off.
+	handedOff map[string]handOffNote
+	notes     uint64 // the stamp of the last note
+	sweepAt   int       // the size of handedOff that starts a sweep at once
+	sweptAt   time.Time // when the last sweep began
+	sweeping  atomic.Bool
+}
+
+// handOffNote is an aggregate known to have been handed off.
+type handOffNote struct {
+	// xid is the transaction whose hand-off notice named it (0 when known
 	// otherwise): the notice can arrive before that transaction is
 	// visible, and its rows are looked up only once it is.
-	handedOff map[string]uint32
+	xid uint32
+	// stamp orders the notes: a sweep forgets only aggregates noted
+	// before its lookup began.
+	stamp uint64
 }
+
+// minSweep is the fewest handed-off aggregates a sweep is started for:
+// at once when their number doubled since the last sweep, else every
+// sweepEvery status intervals.
+const (
+	minSweep   = 1024
+	sweepEvery = 10
+)
 
 // item is one event read from the slot.
 type item struct {
@@ -567,6 +593,11 @@ type item struct {
 func (s *stream) run(ctx context.Context) (err error) {
 	o := s.r.opts
 	s.freed = make(chan struct{}, 1)
+	// Sweeps of the handed-off aggregates run beside the reader and end
+	// with the session.
+	sweepCtx, sweepCancel := context.WithCancel(context.Background())
+	var sweeps sync.WaitGroup
+	defer func() { sweepCancel(); sweeps.Wait() }()
 	engine, err := core.New(s, s.r.pub, o.Options)
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
@@ -635,6 +666,13 @@ func (s *stream) run(ctx context.Context) (err error) {
 			}
 			if err := s.sendStatus(true); err != nil {
 				return err
+			}
+			if s.sweepDue() {
+				sweeps.Add(1)
+				go func() {
+					defer sweeps.Done()
+					s.sweepHandedOff(sweepCtx)
+				}()
 			}
 			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmAfter)
 		case !now.Before(nextConfirm):
@@ -918,13 +956,13 @@ func (s *stream) finish(it *item) {
 // handed-off rows. Only aggregates known to have had some are looked up.
 func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	s.mu.Lock()
-	xid, known := s.handedOff[agg]
+	note, known := s.handedOff[agg]
 	s.mu.Unlock()
 	if !known {
 		return false, nil
 	}
-	if xid != 0 {
-		if err := s.r.sql.waitVisible(ctx, s.r.pool, s.r.log, xid); err != nil {
+	if note.xid != 0 {
+		if err := s.r.sql.waitVisible(ctx, s.r.pool, s.r.log, note.xid); err != nil {
 			return false, err
 		}
 	}
@@ -934,10 +972,10 @@ func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	}
 	s.mu.Lock()
 	switch {
-	case s.handedOff[agg] != xid:
+	case s.handedOff[agg] != note:
 		// Named by a newer notice meanwhile: looked up again next time.
 	case pending:
-		s.handedOff[agg] = 0
+		s.handedOff[agg] = handOffNote{stamp: note.stamp}
 	default:
 		delete(s.handedOff, agg)
 	}
@@ -962,7 +1000,71 @@ func (s *stream) noteHandOff(m *pglogrepl.LogicalDecodingMessage) {
 	}
 	s.mu.Lock()
 	for _, a := range aggs {
-		s.handedOff[a] = xid
+		s.noteLocked(a, xid)
 	}
+	s.mu.Unlock()
+}
+
+// noteLocked records agg as handed off, named by transaction xid (0:
+// known otherwise); s.mu is held.
+func (s *stream) noteLocked(agg string, xid uint32) {
+	s.notes++
+	s.handedOff[agg] = handOffNote{xid: xid, stamp: s.notes}
+}
+
+// sweepDue says whether a sweep of the handed-off aggregates is due and
+// none runs; true claims the sweep.
+func (s *stream) sweepDue() bool {
+	s.mu.Lock()
+	n, at := len(s.handedOff), s.sweepAt
+	s.mu.Unlock()
+	due := n >= at || (n >= minSweep && time.Since(s.sweptAt) >= sweepEvery*s.r.opts.StatusInterval)
+	if !due || !s.sweeping.CompareAndSwap(false, true) {
+		return false
+	}
+	s.sweptAt = time.Now()
+	return true
+}
+
+// sweepHandedOff forgets the handed-off aggregates that have nothing
+// pending handed off any more, which a lookup forgets only when a later
+// event of the aggregate arrives: one-off keys would keep them for the
+// whole session. Only notes made before the lookup began are forgotten:
+// a hand-off records its note after its rows commit, so the lookup sees
+// the rows of every note it may forget; a notice's transaction must be
+// visible first. The next sweep starts at twice the size left.
+func (s *stream) sweepHandedOff(ctx context.Context) {
+	defer s.sweeping.Store(false)
+	s.mu.Lock()
+	before := s.notes
+	var xids []int64
+	for _, n := range s.handedOff {
+		if n.xid != 0 {
+			xids = append(xids, int64(n.xid))
+		}
+	}
+	s.mu.Unlock()
+	visible, err := s.r.sql.visible(ctx, s.r.pool, xids)
+	var aggs []string
+	if err == nil {
+		aggs, err = s.r.sql.HandedOffAggregates(ctx, s.r.pool)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.r.log.Warn("log relay: sweep of handed-off aggregates failed; tried again at the next status", "error", err)
+		}
+		return
+	}
+	pending := make(map[string]bool, len(aggs))
+	for _, a := range aggs {
+		pending[a] = true
+	}
+	s.mu.Lock()
+	for agg, n := range s.handedOff {
+		if n.stamp <= before && !pending[agg] && (n.xid == 0 || visible[n.xid]) {
+			delete(s.handedOff, agg)
+		}
+	}
+	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	s.mu.Unlock()
 }

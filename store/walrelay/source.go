@@ -162,9 +162,7 @@ func (c *claim) HandOff(ctx context.Context, e *core.Event, f *core.Failure) err
 		s.r.obs.Completed(0, 1, 0)
 	}
 	s.mu.Lock()
-	if _, known := s.handedOff[e.AggregateID]; !known {
-		s.handedOff[e.AggregateID] = 0
-	}
+	s.noteLocked(e.AggregateID, s.handedOff[e.AggregateID].xid)
 	s.mu.Unlock()
 	if s.r.opts.HandedOff != nil {
 		s.r.opts.HandedOff()
