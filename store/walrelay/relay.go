@@ -548,7 +548,7 @@ type stream struct {
 	// handOffNote). Entries go when a lookup or a sweep finds the
 	// aggregate with nothing pending handed off.
 	handedOff map[string]handOffNote
-	notes     uint64 // the stamp of the last note
+	notes     uint64    // the stamp of the last note
 	sweepAt   int       // the size of handedOff that starts a sweep at once
 	sweptAt   time.Time // when the last sweep began
 	sweeping  atomic.Bool
