@@ -662,6 +662,12 @@ func (s *stream) run(ctx context.Context) (err error) {
 				if errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) {
 					return err
 				}
+				if serverStopping(err) {
+					// Whatever the engine is doing (a broker outage, a
+					// hand-off), a server shutting down waits for this
+					// stream: ended here, within a status interval.
+					return fmt.Errorf("end the stream so the server can shut down: %w", err)
+				}
 				s.r.log.Warn("log relay: check publication failed", "error", err)
 			}
 			if err := s.sendStatus(true); err != nil {
