@@ -327,6 +327,12 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	if err := lt.RecordSlot(ctx, f.relay, "no_such_slot", "no_such_publication"); err != nil {
 		t.Errorf("relay records its slot: %v", err)
 	}
+	if err := lt.RecordPosition(ctx, f.relay, "no_such_slot", "0/1000"); err != nil {
+		t.Errorf("relay records its position: %v", err)
+	}
+	if lsn, err := lt.Position(ctx, f.relay, "no_such_slot"); err != nil || lsn != "0/1000" {
+		t.Errorf("relay reads its position: %q, %v", lsn, err)
+	}
 	fn, err := f.cfg.LogWriteFunc()
 	if err != nil {
 		t.Fatal(err)

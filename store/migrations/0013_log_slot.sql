@@ -5,12 +5,18 @@
 -- The slot and publication the outbox reads are recorded here, one row,
 -- by `outbox slot create` once the slot is made (and by the log relay
 -- when it starts reading it), and removed by `outbox slot drop`.
+-- confirmed_lsn is the relay's last confirmed position, written soon
+-- after each confirmation: the server saves a slot's confirmed position
+-- to disk only now and then, and after a crash its slot would go back to
+-- the last save and send again what the relay had already published. The
+-- relay resumes from the later of the two.
 
 --- step
 CREATE TABLE IF NOT EXISTS {{.LogSlot}} (
     one         boolean PRIMARY KEY DEFAULT true CHECK (one),
     slot_name   text NOT NULL,
-    publication text NOT NULL
+    publication text NOT NULL,
+    confirmed_lsn pg_lsn
 );
 
 -- The write emits a producer's message only when the recorded slot is a

@@ -106,6 +106,14 @@ func (s *Server) Stop(mode string, limit time.Duration) error {
 	return nil
 }
 
+// Start starts the server again after Stop.
+func (s *Server) Start() error {
+	if out, err := s.pgCtl(60*time.Second, "start", "-l", s.log); err != nil {
+		return fmt.Errorf("pg_ctl start: %w: %s", err, out)
+	}
+	return nil
+}
+
 // Log is the end of the server's log, for a failure message.
 func (s *Server) Log() string { return tail(s.log) }
 

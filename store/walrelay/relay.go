@@ -353,6 +353,18 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	// After a crash of the server its slot can be behind what the relay
+	// confirmed: it resumes from the later position, and the server skips
+	// the transactions committed before it.
+	if rec, err := r.sql.Position(sctx, r.pool, r.opts.Slot.Name); err != nil {
+		return false, err
+	} else if rec != "" {
+		lsn, err := pglogrepl.ParseLSN(rec)
+		if err != nil {
+			return false, fmt.Errorf("read position of slot %s: %w", r.opts.Slot.Name, err)
+		}
+		start = max(start, lsn)
+	}
 	if err := r.checkPublication(sctx); err != nil {
 		return false, err
 	}
@@ -362,7 +374,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{},
 		stopping: make(chan struct{}), sweepAt: minSweep}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
-	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, start, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'", "messages 'true'"},
 	})
@@ -552,6 +564,10 @@ type stream struct {
 	sweepAt   int       // the size of handedOff that starts a sweep at once
 	sweptAt   time.Time // when the last sweep began
 	sweeping  atomic.Bool
+
+	// The position of the last events done, for recordPositions.
+	toRecord   atomic.Uint64
+	recordWake chan struct{}
 }
 
 // handOffNote is an aggregate known to have been handed off.
@@ -593,11 +609,17 @@ type item struct {
 func (s *stream) run(ctx context.Context) (err error) {
 	o := s.r.opts
 	s.freed = make(chan struct{}, 1)
-	// Sweeps of the handed-off aggregates run beside the reader and end
-	// with the session.
+	// Sweeps of the handed-off aggregates and the recording of positions
+	// run beside the reader and end with the session.
 	sweepCtx, sweepCancel := context.WithCancel(context.Background())
 	var sweeps sync.WaitGroup
 	defer func() { sweepCancel(); sweeps.Wait() }()
+	s.recordWake = make(chan struct{}, 1)
+	sweeps.Add(1)
+	go func() {
+		defer sweeps.Done()
+		s.recordPositions(sweepCtx)
+	}()
 	engine, err := core.New(s, s.r.pub, o.Options)
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
@@ -786,6 +808,7 @@ func (s *stream) drain() error {
 	if err := s.sendStatus(false); err != nil {
 		return err
 	}
+	s.recordLast()
 	return s.endCopy()
 }
 
@@ -820,6 +843,13 @@ func (s *stream) sendStatus(reply bool) error {
 	if pos > s.confirmed || s.events.Load() == 0 {
 		s.confirmed = pos
 		s.r.advanced.Store(time.Now().UnixNano())
+	}
+	if e := uint64(s.tracker.lastEvents()); e > s.toRecord.Load() {
+		s.toRecord.Store(e)
+		select {
+		case s.recordWake <- struct{}{}:
+		default:
+		}
 	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: max(s.received, pos), WALFlushPosition: pos, WALApplyPosition: pos, ReplyRequested: reply,
@@ -913,6 +943,50 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		s.dispatch(ctx, it)
 	}
 	return nil
+}
+
+// recordPositions writes the position of the last events done to the
+// table (store.LogTable.RecordPosition), each time it moves, one write at
+// a time, until ctx ends: the server keeps its slot's confirmed position
+// on disk only from time to time, and a relay resuming after a crash of
+// the server starts from the later of the two, so it sends again only
+// what was not done.
+func (s *stream) recordPositions(ctx context.Context) {
+	var recorded uint64
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.recordWake:
+		}
+		lsn := s.toRecord.Load()
+		if lsn <= recorded {
+			continue
+		}
+		err := s.r.sql.RecordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !warned:
+			// Tried again at the next confirmation; meanwhile a crash of
+			// the server sends more again.
+			warned = true
+			s.r.log.Warn("log relay: record the confirmed position failed", "error", err)
+		case err == nil:
+			recorded = lsn
+		}
+	}
+}
+
+// recordLast records the position of the last events done, once the
+// stream drained, bounded by a second.
+func (s *stream) recordLast() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if lsn := s.toRecord.Load(); lsn > 0 {
+		_ = s.r.sql.RecordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
+	}
 }
 
 // hostClock is this host's clock; tests skew it.
