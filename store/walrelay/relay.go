@@ -611,14 +611,14 @@ func (s *stream) run(ctx context.Context) (err error) {
 	s.freed = make(chan struct{}, 1)
 	// Sweeps of the handed-off aggregates and the recording of positions
 	// run beside the reader and end with the session.
-	sweepCtx, sweepCancel := context.WithCancel(context.Background())
-	var sweeps sync.WaitGroup
-	defer func() { sweepCancel(); sweeps.Wait() }()
+	asideCtx, asideCancel := context.WithCancel(context.Background())
+	var aside sync.WaitGroup
+	defer func() { asideCancel(); aside.Wait() }()
 	s.recordWake = make(chan struct{}, 1)
-	sweeps.Add(1)
+	aside.Add(1)
 	go func() {
-		defer sweeps.Done()
-		s.recordPositions(sweepCtx)
+		defer aside.Done()
+		s.recordPositions(asideCtx)
 	}()
 	engine, err := core.New(s, s.r.pub, o.Options)
 	if err != nil {
@@ -696,10 +696,10 @@ func (s *stream) run(ctx context.Context) (err error) {
 				return err
 			}
 			if s.sweepDue() {
-				sweeps.Add(1)
+				aside.Add(1)
 				go func() {
-					defer sweeps.Done()
-					s.sweepHandedOff(sweepCtx)
+					defer aside.Done()
+					s.sweepHandedOff(asideCtx)
 				}()
 			}
 			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmAfter)
