@@ -182,6 +182,7 @@ type names struct {
 	HandoffView, HandoffIdx                            string // migration 8: the log relay's table path
 	FailedIdx                                          string
 	LogWriteFunc                                       string // migration 9
+	LogSlot                                            string // migration 13
 	PartitionIdx                                       string // migration 11
 	RowCheck, RowCheckFunc, WakeKeyLiteral             string // migration 12
 	LogPrefixLiteral, SchemaLiteral, TableLiteral      string // quoted literals
@@ -235,6 +236,7 @@ func (c Config) names() names {
 		ScheduleFunc:         ident(c.Schema, c.Table+"_schedule"),
 		ScheduleTrigger:      ident(c.Table + "_schedule"),
 		LogWriteFunc:         ident(c.Schema, c.Table+"_log_write"),
+		LogSlot:              ident(c.Schema, c.Table+"_log_slot"),
 		LogPrefixLiteral:     literal(event.MessagePrefix(c.Schema, c.Table)),
 		HandOffPrefixLiteral: literal(handOffPrefix(c.Schema, c.Table)),
 		SchemaLiteral:        literal(c.Schema),

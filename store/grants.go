@@ -79,6 +79,7 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			grant("SELECT, UPDATE", "TABLE "+n.HandoffView, r.Relay)
 			grant("INSERT", "TABLE "+n.Outbox, r.Relay)
 			grant("USAGE", "SEQUENCE "+seq, r.Relay)
+			grant("SELECT, INSERT, UPDATE", "TABLE "+n.LogSlot, r.Relay) // records the slot it reads
 		}
 	}
 	if r.Producer != "" {
@@ -91,6 +92,7 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			grant("EXECUTE", "FUNCTION "+n.WriteFunc+"(text, text, "+payload+", jsonb, text, text, timestamptz, uuid)", r.Producer)
 		}
 		grant("EXECUTE", "FUNCTION "+n.LogWriteFunc+"(text)", r.Producer) // log-only events (relay.mode log)
+		grant("SELECT", "TABLE "+n.LogSlot, r.Producer)                   // which slot reads them (migration 13)
 	}
 	if r.Consumer != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Consumer)

@@ -29,12 +29,13 @@ func TestGrantsQuoteEveryName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stmts) != 20 {
-		t.Errorf("%d statements, want 20: %q", len(stmts), stmts)
+	if len(stmts) != 22 {
+		t.Errorf("%d statements, want 22: %q", len(stmts), stmts)
 	}
 	// With every correctly quoted name taken out, only keywords are left.
 	names := []string{
 		pgx.Identifier{evil, evil + "t_handoff"}.Sanitize(),
+		pgx.Identifier{evil, evil + "t_log_slot"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_log_write"}.Sanitize() + "(text)",
 		pgx.Identifier{evil, evil + "t"}.Sanitize(),
 		pgx.Identifier{evil, evil + "t_migrations"}.Sanitize(),
@@ -315,5 +316,30 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	}
 	if err := c.Complete(ctx, []int64{c.Events()[0].Seq}, nil); err != nil {
 		t.Errorf("relay marks a handed-off event: %v", err)
+	}
+	// The relay records the slot it reads; a producer's log-only write
+	// reads the record (and is refused here only because no such slot
+	// exists).
+	lt, err := store.NewLogTable(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lt.RecordSlot(ctx, f.relay, "no_such_slot", "no_such_publication"); err != nil {
+		t.Errorf("relay records its slot: %v", err)
+	}
+	if err := lt.RecordPosition(ctx, f.relay, "no_such_slot", "0/1000"); err != nil {
+		t.Errorf("relay records its position: %v", err)
+	}
+	if lsn, err := lt.Position(ctx, f.relay, "no_such_slot"); err != nil || lsn != "0/1000" {
+		t.Errorf("relay reads its position: %q, %v", lsn, err)
+	}
+	fn, err := f.cfg.LogWriteFunc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.producer.Exec(ctx, "SELECT "+fn+"('{}')")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" {
+		t.Errorf("producer's log-only write without a slot: %v, want refused for the slot (55000), not for privileges", err)
 	}
 }

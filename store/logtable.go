@@ -23,6 +23,8 @@ type LogTable struct {
 	handRow, insertEvent          string
 	insertUnreadable              string
 	handOffPrefix                 string
+	recordSlot, forgetSlot        string
+	recordPosition, position      string
 }
 
 // Querier runs statements: a pgx.Tx, a *pgxpool.Pool or a *pgx.Conn.
@@ -38,10 +40,19 @@ func NewLogTable(cfg Config) (*LogTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := cfg.names().Outbox
+	n := cfg.names()
+	t := n.Outbox
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return &LogTable{
-		handOffPrefix:   handOffPrefix(cfg.Schema, cfg.Table),
+		handOffPrefix: handOffPrefix(cfg.Schema, cfg.Table),
+		// Another slot's position is no position of this one.
+		recordSlot: `INSERT INTO ` + n.LogSlot + ` AS s (slot_name, publication) VALUES ($1, $2)
+ON CONFLICT (one) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,
+    confirmed_lsn = CASE WHEN s.slot_name = excluded.slot_name THEN s.confirmed_lsn END
+WHERE (s.slot_name, s.publication) IS DISTINCT FROM (excluded.slot_name, excluded.publication)`,
+		forgetSlot:      `DELETE FROM ` + n.LogSlot + ` WHERE slot_name = $1`,
+		recordPosition:  `UPDATE ` + n.LogSlot + ` SET confirmed_lsn = $2::text::pg_lsn WHERE slot_name = $1 AND (confirmed_lsn IS NULL OR confirmed_lsn < $2::text::pg_lsn)`,
+		position:        `SELECT confirmed_lsn::text FROM ` + n.LogSlot + ` WHERE slot_name = $1`,
 		unhanded:        `SELECT COALESCE(array_agg(seq ORDER BY seq), '{}') FROM ` + t + ` WHERE dispatched_at IS NULL AND handoff_at IS NULL`,
 		handOffUnhanded: `UPDATE ` + t + ` SET handoff_at = now() WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`,
 		// The claim's mark, made safe to repeat: the log relay marks rows
@@ -87,6 +98,48 @@ VALUES (COALESCE($1::uuid, gen_random_uuid()), COALESCE($5, '00000000-0000-0000-
     json_build_object('message', $2::text), $3, now(), 1, $4, 'infinity', now())
 ON CONFLICT (event_id) DO NOTHING`,
 	}, nil
+}
+
+// RecordSlot records slot and publication as the ones the outbox's log
+// relay reads: the log-only write function (migration 13) accepts writes
+// only while that slot exists, permanent and valid.
+func (l *LogTable) RecordSlot(ctx context.Context, db Execer, slot, publication string) error {
+	if _, err := db.Exec(ctx, l.recordSlot, slot, publication); err != nil {
+		return fmt.Errorf("record slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// ForgetSlot removes the record of slot (see RecordSlot), if it is the
+// one recorded: log-only writes are refused from then on.
+func (l *LogTable) ForgetSlot(ctx context.Context, db Execer, slot string) error {
+	if _, err := db.Exec(ctx, l.forgetSlot, slot); err != nil {
+		return fmt.Errorf("forget slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// RecordPosition records lsn as the last position the log relay
+// confirmed on slot, unless a later one is recorded.
+func (l *LogTable) RecordPosition(ctx context.Context, db Execer, slot, lsn string) error {
+	if _, err := db.Exec(ctx, l.recordPosition, slot, lsn); err != nil {
+		return fmt.Errorf("record position %s of slot %s: %w", lsn, slot, err)
+	}
+	return nil
+}
+
+// Position returns the position recorded for slot (see RecordPosition),
+// "" when there is none.
+func (l *LogTable) Position(ctx context.Context, db Querier, slot string) (string, error) {
+	var lsn *string
+	err := db.QueryRow(ctx, l.position, slot).Scan(&lsn)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("read position of slot %s: %w", slot, err)
+	}
+	if lsn == nil {
+		return "", nil
+	}
+	return *lsn, nil
 }
 
 // Unhanded lists the seqs of pending rows never handed off: what a new

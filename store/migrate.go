@@ -125,6 +125,9 @@ var lockRules = []struct {
 }{
 	{regexp.MustCompile(`^CREATE (UNIQUE )?INDEX CONCURRENTLY `), Lock{"SHARE UPDATE EXCLUSIVE", false, "while the index is built"}},
 	{regexp.MustCompile(`^DROP INDEX CONCURRENTLY `), Lock{"SHARE UPDATE EXCLUSIVE", false, "brief"}},
+	// Only the outbox table is created without IF NOT EXISTS (migration
+	// 1); the tables beside it are created with it.
+	{regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS `), Lock{"", false, "a table beside it"}},
 	{regexp.MustCompile(`^(CREATE TABLE|CREATE (UNIQUE )?INDEX)`), Lock{"ACCESS EXCLUSIVE", true, "on a table created in the same transaction"}},
 	{regexp.MustCompile(`^ALTER TABLE \S+ VALIDATE CONSTRAINT `), Lock{"SHARE UPDATE EXCLUSIVE", false, "while the rows are checked"}},
 	{regexp.MustCompile(`^ALTER TABLE `), Lock{"ACCESS EXCLUSIVE", true, "catalog change only, under lock_timeout"}},

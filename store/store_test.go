@@ -316,8 +316,8 @@ func TestHostileNames(t *testing.T) {
 	}
 	var tables int
 	err = pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_type = 'BASE TABLE'", cfg.Schema).Scan(&tables)
-	if err != nil || tables != 3 {
-		t.Fatalf("schema %q has %d tables (%v), want outbox, processed and migrations", cfg.Schema, tables, err)
+	if err != nil || tables != 4 {
+		t.Fatalf("schema %q has %d tables (%v), want outbox, processed, migrations and log slot", cfg.Schema, tables, err)
 	}
 	p, err := in.Pending(ctx)
 	if err != nil || len(p) != 0 {

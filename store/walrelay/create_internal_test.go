@@ -3,6 +3,7 @@ package walrelay
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,12 +38,26 @@ func TestCreateSlotCrashBeforeTheSlotStrandsNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Log-only events written while the slot is being made: each write
+	// either fails in its transaction or is in the slot's stream.
+	logWrite, err := cfg.LogWriteFunc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted []string
+	writeLogOnly := func() {
+		marker := "marker-" + uuid.NewString()
+		if _, err := pool.Exec(ctx, `SELECT `+logWrite+`($1)`, `{"v":1,"m":"`+marker+`"}`); err == nil {
+			accepted = append(accepted, marker)
+		}
+	}
 	crash := errors.New("killed")
 	testHookHandedOff = func() error {
 		// A row committed after the hand-off, still before the slot.
 		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_id, type, payload) VALUES (gen_random_uuid(), $1, 'order.placed', '{}')`, uuid.NewString()); err != nil {
 			t.Fatal(err)
 		}
+		writeLogOnly()
 		return crash
 	}
 	_, err = CreateSlot(ctx, pool, cfg, slot)
@@ -53,9 +68,29 @@ func TestCreateSlotCrashBeforeTheSlotStrandsNothing(t *testing.T) {
 	if st, err := Inspect(ctx, pool, cfg, slot); err != nil || st.Exists {
 		t.Fatalf("slot exists after a crash before it was made (%v)", err)
 	}
+	testHookHandedOff = func() error { writeLogOnly(); return nil }
 	c, err := CreateSlot(ctx, pool, cfg, slot)
+	testHookHandedOff = nil
 	if err != nil || !c.Slot || c.HandedOff != 1 {
 		t.Fatalf("CreateSlot after the crash = %+v, %v; want the slot made and the one row left handed off", c, err)
+	}
+	writeLogOnly()
+	if len(accepted) == 0 {
+		t.Fatal("no log-only write accepted once the slot exists")
+	}
+	// The slot's stream, read without moving it, carries every accepted
+	// write.
+	var stream string
+	err = pool.QueryRow(ctx, `SELECT COALESCE(string_agg(encode(data, 'escape'), ''), '')
+FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, 'proto_version', '1', 'publication_names', $2, 'messages', 'true')`,
+		slot.Name, slot.Publication).Scan(&stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range accepted {
+		if !strings.Contains(stream, m) {
+			t.Errorf("log-only event %s was accepted during the slot's creation and is not in its stream: lost", m)
+		}
 	}
 	var pending int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE handoff_at IS NULL`).Scan(&pending); err != nil {

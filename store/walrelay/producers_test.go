@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
@@ -322,5 +323,53 @@ func TestLogOnlyWriteNeedsASlot(t *testing.T) {
 	refused("after the slot was dropped")
 	if len(ids) != 40 {
 		t.Fatalf("wrote %d", len(ids))
+	}
+}
+
+// logOnlyAccepted reports whether the log-only write function accepts a
+// write now.
+func (e *env) logOnlyAccepted(pool *pgxpool.Pool) bool {
+	e.t.Helper()
+	fn, err := e.cfg.LogWriteFunc()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_, err = pool.Exec(context.Background(), `SELECT `+fn+`($1)`, `{"v":1}`)
+	var pgErr *pgconn.PgError
+	if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "55000") {
+		e.t.Fatalf("log-only write: %v", err)
+	}
+	return err == nil
+}
+
+// Another application's pgoutput slot and a publication on the table are
+// not the outbox's slot: log-only writes are refused before `outbox slot
+// create` and after `outbox slot drop`, whatever other slots exist. They
+// used to pass with any pgoutput slot of the database.
+func TestLogOnlyWriteNeedsTheOutboxsOwnSlot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	other := "other_app_" + strings.TrimPrefix(e.cfg.Schema, "test_")
+	table := pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()
+	if _, err := e.pool.Exec(ctx, `CREATE PUBLICATION `+other+` FOR TABLE `+table); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = e.pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, other)
+		_, _ = e.pool.Exec(context.Background(), `DROP PUBLICATION IF EXISTS `+other)
+	})
+	if e.logOnlyAccepted(e.pool) {
+		t.Fatal("log-only write accepted with another application's slot and no outbox slot")
+	}
+	e.createSlot()
+	if !e.logOnlyAccepted(e.pool) {
+		t.Fatal("log-only write refused with the outbox's slot")
+	}
+	e.dropSlot()
+	if e.logOnlyAccepted(e.pool) {
+		t.Fatal("log-only write accepted after the outbox's slot was dropped, beside another application's slot")
 	}
 }

@@ -58,6 +58,32 @@ func TestPublicationWithoutTheTableIsRefused(t *testing.T) {
 	}
 }
 
+// A publication with a row filter or a column list on the outbox table
+// (PostgreSQL 15+) is refused at start, naming it: the stream would skip
+// the rows the filter drops, or carry rows without the columns the relay
+// reads, and the slot's position would move past them. It used to be
+// read as if it published the whole table.
+func TestFilteredPublicationIsRefused(t *testing.T) {
+	for name, set := range map[string]string{
+		"row filter":  " WHERE (aggregate_id <> 'skipped')",
+		"column list": " (seq, event_id, aggregate_id, type, payload)",
+	} {
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			e := newEnv(t)
+			e.createSlot()
+			table := pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()
+			if _, err := e.pool.Exec(context.Background(), "ALTER PUBLICATION "+pgx.Identifier{e.slot.Publication}.Sanitize()+" SET TABLE "+table+set); err != nil {
+				t.Fatal(err)
+			}
+			r := e.start(&recorder{}, e.opts())
+			err := runErr(t, r, 10*time.Second)
+			if !errors.Is(err, walrelay.ErrPublicationFiltered) || !strings.Contains(err.Error(), e.slot.Publication) || !strings.Contains(err.Error(), name) {
+				t.Fatalf("Run = %v, want ErrPublicationFiltered naming the publication and the %s", err, name)
+			}
+		})
+	}
+}
+
 // An invalidated slot (wal_status lost) is a permanent error naming the
 // slot and what to do, not a transient one retried forever. A real
 // invalidation needs max_slot_wal_keep_size lowered for the whole server,

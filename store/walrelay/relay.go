@@ -172,6 +172,7 @@ type Relay struct {
 	// was last seen with nothing in flight: what a stall is counted from.
 	advanced atomic.Int64
 	failure  atomic.Pointer[string] // the last session's error; nil while streaming or standing by
+	current  atomic.Pointer[stream] // the session's stream while it reads the slot
 }
 
 // New returns a relay reading the slot over pool's server and publishing
@@ -309,7 +310,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if errors.Is(err, ErrNoSlot) {
 				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
 			}
-			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrMixedModes) {
+			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) || errors.Is(err, ErrMixedModes) {
 				r.obs.Errored("replication", err)
 				r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
 				return fmt.Errorf("log relay: %w", err)
@@ -352,6 +353,18 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	// After a crash of the server its slot can be behind what the relay
+	// confirmed: it resumes from the later position, and the server skips
+	// the transactions committed before it.
+	if rec, err := r.sql.Position(sctx, r.pool, r.opts.Slot.Name); err != nil {
+		return false, err
+	} else if rec != "" {
+		lsn, err := pglogrepl.ParseLSN(rec)
+		if err != nil {
+			return false, fmt.Errorf("read position of slot %s: %w", r.opts.Slot.Name, err)
+		}
+		start = max(start, lsn)
+	}
 	if err := r.checkPublication(sctx); err != nil {
 		return false, err
 	}
@@ -359,9 +372,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{},
-		stopping: make(chan struct{})}
+		stopping: make(chan struct{}), sweepAt: minSweep}
 	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
-	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, 0, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, start, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'", "messages 'true'"},
 	})
@@ -387,6 +400,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if s.handedOff, err = r.loadHandedOff(sctx); err != nil {
 		return false, err
 	}
+	// Held by this session, the slot is the outbox's: recorded for the
+	// log-only write function (a slot made before the record existed).
+	if err := r.sql.RecordSlot(sctx, r.pool, r.opts.Slot.Name, r.opts.Slot.Publication); err != nil {
+		r.log.Warn("log relay: the slot is not recorded, so log-only writes are refused until `outbox slot create` records it", "slot", r.opts.Slot.Name, "error", err)
+	}
 	cancel()
 	// Readiness tells the present: this session streams, so the failure
 	// of an earlier one (such as the slot it has since created) is over.
@@ -394,7 +412,10 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
+	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_off_aggregates", len(s.handedOff))
+	r.current.Store(s)
+	defer r.current.Store(nil)
 	return true, s.run(ctx)
 }
 
@@ -433,15 +454,31 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.opts.Slot.Name).Scan(&plugin,
 // checkPublication fails with ErrNotPublished unless the slot's
 // publication publishes inserts into the outbox table.
 func (r *Relay) checkPublication(ctx context.Context) error {
-	var ok bool
+	var ok, rowFilter, columnList bool
+	// Row filters and column lists (PostgreSQL 15+) are columns of
+	// pg_publication_rel read by name, so one statement serves every
+	// version.
+	table := pgx.Identifier{r.opts.Store.Schema, r.opts.Store.Table}.Sanitize()
 	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname
-WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)`,
-		r.opts.Slot.Publication, r.opts.Store.Schema, r.opts.Store.Table).Scan(&ok)
+WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3),
+       COALESCE(bool_or(to_jsonb(r) ->> 'prqual' IS NOT NULL), false), COALESCE(bool_or(to_jsonb(r) ->> 'prattrs' IS NOT NULL), false)
+FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+WHERE p.pubname = $1 AND r.prrelid = to_regclass($4)`,
+		r.opts.Slot.Publication, r.opts.Store.Schema, r.opts.Store.Table, table).Scan(&ok, &rowFilter, &columnList)
 	if err != nil {
 		return fmt.Errorf("check publication %s: %w", r.opts.Slot.Publication, err)
 	}
+	if rowFilter || columnList {
+		what := "a row filter"
+		if columnList {
+			what = "a column list"
+		}
+		return fmt.Errorf("%w: publication %s has %s on %s, so the slot's stream would skip rows or columns the relay needs: "+
+			"publish the whole table (ALTER PUBLICATION %s SET TABLE %s); rows skipped meanwhile are not in the stream: "+
+			"recreating the slot (`outbox slot drop`, `outbox slot create`) hands pending rows to the table path",
+			ErrPublicationFiltered, r.opts.Slot.Publication, what, table, pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), table)
+	}
 	if !ok {
-		table := pgx.Identifier{r.opts.Store.Schema, r.opts.Store.Table}.Sanitize()
 		return fmt.Errorf("%w: publication %s does not publish inserts into %s, so the slot's stream carries none of its rows: "+
 			"restore it (ALTER PUBLICATION %s ADD TABLE %s, publish 'insert'); rows inserted meanwhile are not in the stream: "+
 			"recreating the slot (`outbox slot drop`, `outbox slot create`) hands pending rows to the table path",
@@ -454,15 +491,15 @@ WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)
 // later events must follow them through the table. It waits for a
 // CreateSlot that is still handing rows off, and for the hand-offs in
 // progress of the relay that held the slot before (see asHolder).
-func (r *Relay) loadHandedOff(ctx context.Context) (map[string]uint32, error) {
-	out := map[string]uint32{}
+func (r *Relay) loadHandedOff(ctx context.Context) (map[string]handOffNote, error) {
+	out := map[string]handOffNote{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
 			return err
 		}
 		aggs, err := r.sql.HandedOffAggregates(ctx, tx)
 		for _, a := range aggs {
-			out[a] = 0
+			out[a] = handOffNote{}
 		}
 		return err
 	})
@@ -503,6 +540,11 @@ type stream struct {
 	confirmed  pglogrepl.LSN // the position last sent as flushed
 	statusAt   time.Time     // when a status was last sent
 
+	// clockOffset is the server's clock minus this host's (nanoseconds),
+	// from the send time of the server's last message: deliver-at times
+	// are the database's, compared with its clock.
+	clockOffset atomic.Int64
+
 	freed  chan struct{} // a token whenever an event is done
 	bytes  atomic.Int64  // payload bytes in flight
 	events atomic.Int64
@@ -514,12 +556,38 @@ type stream struct {
 
 	mu       sync.Mutex
 	buffered []*item // read, not yet claimed
-	// handedOff holds the aggregates whose events go to the table, each
-	// with the transaction whose hand-off notice named it (0 when known
+	// handedOff holds the aggregates whose events go to the table (see
+	// handOffNote). Entries go when a lookup or a sweep finds the
+	// aggregate with nothing pending handed off.
+	handedOff map[string]handOffNote
+	notes     uint64    // the stamp of the last note
+	sweepAt   int       // the size of handedOff that starts a sweep at once
+	sweptAt   time.Time // when the last sweep began
+	sweeping  atomic.Bool
+
+	// The position of the last events done, for recordPositions.
+	toRecord   atomic.Uint64
+	recordWake chan struct{}
+}
+
+// handOffNote is an aggregate known to have been handed off.
+type handOffNote struct {
+	// xid is the transaction whose hand-off notice named it (0 when known
 	// otherwise): the notice can arrive before that transaction is
 	// visible, and its rows are looked up only once it is.
-	handedOff map[string]uint32
+	xid uint32
+	// stamp orders the notes: a sweep forgets only aggregates noted
+	// before its lookup began.
+	stamp uint64
 }
+
+// minSweep is the fewest handed-off aggregates a sweep is started for:
+// at once when their number doubled since the last sweep, else every
+// sweepEvery status intervals.
+const (
+	minSweep   = 1024
+	sweepEvery = 10
+)
 
 // item is one event read from the slot.
 type item struct {
@@ -541,6 +609,17 @@ type item struct {
 func (s *stream) run(ctx context.Context) (err error) {
 	o := s.r.opts
 	s.freed = make(chan struct{}, 1)
+	// Sweeps of the handed-off aggregates and the recording of positions
+	// run beside the reader and end with the session.
+	asideCtx, asideCancel := context.WithCancel(context.Background())
+	var aside sync.WaitGroup
+	defer func() { asideCancel(); aside.Wait() }()
+	s.recordWake = make(chan struct{}, 1)
+	aside.Add(1)
+	go func() {
+		defer aside.Done()
+		s.recordPositions(asideCtx)
+	}()
 	engine, err := core.New(s, s.r.pub, o.Options)
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
@@ -602,13 +681,26 @@ func (s *stream) run(ctx context.Context) (err error) {
 				if ctx.Err() != nil {
 					return drain()
 				}
-				if errors.Is(err, ErrNotPublished) {
+				if errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) {
 					return err
+				}
+				if serverStopping(err) {
+					// Whatever the engine is doing (a broker outage, a
+					// hand-off), a server shutting down waits for this
+					// stream: ended here, within a status interval.
+					return fmt.Errorf("end the stream so the server can shut down: %w", err)
 				}
 				s.r.log.Warn("log relay: check publication failed", "error", err)
 			}
 			if err := s.sendStatus(true); err != nil {
 				return err
+			}
+			if s.sweepDue() {
+				aside.Add(1)
+				go func() {
+					defer aside.Done()
+					s.sweepHandedOff(asideCtx)
+				}()
 			}
 			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmAfter)
 		case !now.Before(nextConfirm):
@@ -716,6 +808,7 @@ func (s *stream) drain() error {
 	if err := s.sendStatus(false); err != nil {
 		return err
 	}
+	s.recordLast()
 	return s.endCopy()
 }
 
@@ -751,6 +844,13 @@ func (s *stream) sendStatus(reply bool) error {
 		s.confirmed = pos
 		s.r.advanced.Store(time.Now().UnixNano())
 	}
+	if e := uint64(s.tracker.lastEvents()); e > s.toRecord.Load() {
+		s.toRecord.Store(e)
+		select {
+		case s.recordWake <- struct{}{}:
+		default:
+		}
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: max(s.received, pos), WALFlushPosition: pos, WALApplyPosition: pos, ReplyRequested: reply,
 	})
@@ -773,6 +873,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
+		s.serverClock(k.ServerTime)
 		if s.txn == nil {
 			s.tracker.idleAt(k.ServerWALEnd)
 		}
@@ -788,6 +889,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("parse WAL data: %w", err)
 	}
+	s.serverClock(x.ServerTime)
 	s.received = max(s.received, x.WALStart+pglogrepl.LSN(len(x.WALData)))
 	m, err := pglogrepl.Parse(x.WALData)
 	if err != nil {
@@ -843,6 +945,66 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 	return nil
 }
 
+// recordPositions writes the position of the last events done to the
+// table (store.LogTable.RecordPosition), each time it moves, one write at
+// a time, until ctx ends: the server keeps its slot's confirmed position
+// on disk only from time to time, and a relay resuming after a crash of
+// the server starts from the later of the two, so it sends again only
+// what was not done.
+func (s *stream) recordPositions(ctx context.Context) {
+	var recorded uint64
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.recordWake:
+		}
+		lsn := s.toRecord.Load()
+		if lsn <= recorded {
+			continue
+		}
+		err := s.r.sql.RecordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !warned:
+			// Tried again at the next confirmation; meanwhile a crash of
+			// the server sends more again.
+			warned = true
+			s.r.log.Warn("log relay: record the confirmed position failed", "error", err)
+		case err == nil:
+			recorded = lsn
+		}
+	}
+}
+
+// recordLast records the position of the last events done, once the
+// stream drained, bounded by a second.
+func (s *stream) recordLast() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if lsn := s.toRecord.Load(); lsn > 0 {
+		_ = s.r.sql.RecordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
+	}
+}
+
+// hostClock is this host's clock; tests skew it.
+var hostClock = time.Now
+
+// serverClock notes the server's clock at sent, the send time of one of
+// its messages.
+func (s *stream) serverClock(sent time.Time) {
+	if !sent.IsZero() {
+		s.clockOffset.Store(int64(sent.Sub(hostClock())))
+	}
+}
+
+// serverNow is the server's clock now, as last measured.
+func (s *stream) serverNow() time.Time {
+	return hostClock().Add(time.Duration(s.clockOffset.Load()))
+}
+
 // dispatch puts it in the buffer and wakes the engine to claim it.
 func (s *stream) dispatch(_ context.Context, it *item) {
 	it.txn = s.txn
@@ -874,13 +1036,13 @@ func (s *stream) finish(it *item) {
 // handed-off rows. Only aggregates known to have had some are looked up.
 func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	s.mu.Lock()
-	xid, known := s.handedOff[agg]
+	note, known := s.handedOff[agg]
 	s.mu.Unlock()
 	if !known {
 		return false, nil
 	}
-	if xid != 0 {
-		if err := s.r.sql.waitVisible(ctx, s.r.pool, s.r.log, xid); err != nil {
+	if note.xid != 0 {
+		if err := s.r.sql.waitVisible(ctx, s.r.pool, s.r.log, note.xid); err != nil {
 			return false, err
 		}
 	}
@@ -890,10 +1052,10 @@ func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 	}
 	s.mu.Lock()
 	switch {
-	case s.handedOff[agg] != xid:
+	case s.handedOff[agg] != note:
 		// Named by a newer notice meanwhile: looked up again next time.
 	case pending:
-		s.handedOff[agg] = 0
+		s.handedOff[agg] = handOffNote{stamp: note.stamp}
 	default:
 		delete(s.handedOff, agg)
 	}
@@ -918,7 +1080,71 @@ func (s *stream) noteHandOff(m *pglogrepl.LogicalDecodingMessage) {
 	}
 	s.mu.Lock()
 	for _, a := range aggs {
-		s.handedOff[a] = xid
+		s.noteLocked(a, xid)
 	}
+	s.mu.Unlock()
+}
+
+// noteLocked records agg as handed off, named by transaction xid (0:
+// known otherwise); s.mu is held.
+func (s *stream) noteLocked(agg string, xid uint32) {
+	s.notes++
+	s.handedOff[agg] = handOffNote{xid: xid, stamp: s.notes}
+}
+
+// sweepDue says whether a sweep of the handed-off aggregates is due and
+// none runs; true claims the sweep.
+func (s *stream) sweepDue() bool {
+	s.mu.Lock()
+	n, at := len(s.handedOff), s.sweepAt
+	s.mu.Unlock()
+	due := n >= at || (n >= minSweep && time.Since(s.sweptAt) >= sweepEvery*s.r.opts.StatusInterval)
+	if !due || !s.sweeping.CompareAndSwap(false, true) {
+		return false
+	}
+	s.sweptAt = time.Now()
+	return true
+}
+
+// sweepHandedOff forgets the handed-off aggregates that have nothing
+// pending handed off any more, which a lookup forgets only when a later
+// event of the aggregate arrives: one-off keys would keep them for the
+// whole session. Only notes made before the lookup began are forgotten:
+// a hand-off records its note after its rows commit, so the lookup sees
+// the rows of every note it may forget; a notice's transaction must be
+// visible first. The next sweep starts at twice the size left.
+func (s *stream) sweepHandedOff(ctx context.Context) {
+	defer s.sweeping.Store(false)
+	s.mu.Lock()
+	before := s.notes
+	var xids []int64
+	for _, n := range s.handedOff {
+		if n.xid != 0 {
+			xids = append(xids, int64(n.xid))
+		}
+	}
+	s.mu.Unlock()
+	visible, err := s.r.sql.visible(ctx, s.r.pool, xids)
+	var aggs []string
+	if err == nil {
+		aggs, err = s.r.sql.HandedOffAggregates(ctx, s.r.pool)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.r.log.Warn("log relay: sweep of handed-off aggregates failed; tried again at the next status", "error", err)
+		}
+		return
+	}
+	pending := make(map[string]bool, len(aggs))
+	for _, a := range aggs {
+		pending[a] = true
+	}
+	s.mu.Lock()
+	for agg, n := range s.handedOff {
+		if n.stamp <= before && !pending[agg] && (n.xid == 0 || visible[n.xid]) {
+			delete(s.handedOff, agg)
+		}
+	}
+	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	s.mu.Unlock()
 }

@@ -154,6 +154,12 @@ var ErrSlotLost = errors.New("replication slot is invalidated")
 // rows, and the slot's position would move past them.
 var ErrNotPublished = errors.New("publication does not publish the outbox table's inserts")
 
+// ErrPublicationFiltered is returned (wrapped) by Run when the slot's
+// publication has a row filter or a column list on the outbox table
+// (PostgreSQL 15+): the stream would skip rows, or carry rows the relay
+// cannot read, while the slot's position moved past them.
+var ErrPublicationFiltered = errors.New("publication filters the outbox table's rows or columns")
+
 // Check verifies what the log relay needs from the server and the role
 // before it starts: wal_level logical, and the REPLICATION attribute. The
 // error says what to change.
@@ -285,7 +291,8 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		if st.Plugin != "pgoutput" {
 			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
 		}
-		return c, nil
+		// Recorded again: a slot made before the record existed.
+		return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 	}
 	lock, err := pool.Acquire(ctx)
 	if err != nil {
@@ -343,13 +350,15 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
-		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, nil
+		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 	}
 	if err != nil {
 		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	c.Slot = true
-	return c, nil
+	// Only now may log-only events be written: the permanent slot reads
+	// every transaction that commits after this.
+	return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 }
 
 // testHookHandedOff, when set (by tests), runs after the hand-off and
@@ -397,6 +406,13 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot)
 		if err := dropSlot(ctx, pool, s.Name); err != nil {
 			return err
 		}
+	}
+	lt, err := store.NewLogTable(cfg)
+	if err != nil {
+		return err
+	}
+	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
+		return fmt.Errorf("drop slot: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.Publication}.Sanitize()); err != nil {
 		return fmt.Errorf("drop publication %s: %w", s.Publication, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -122,7 +121,7 @@ func (c *claim) MustHandOff(ctx context.Context, e *core.Event) (bool, error) {
 	if it == nil {
 		return false, fmt.Errorf("event %d is not in this claim", e.Seq)
 	}
-	if it.bad != nil || it.wait || it.deliverAt.After(time.Now()) {
+	if it.bad != nil || it.wait || it.deliverAt.After(c.s.serverNow()) {
 		return true, nil
 	}
 	return c.s.isHandedOff(ctx, e.AggregateID)
@@ -163,9 +162,7 @@ func (c *claim) HandOff(ctx context.Context, e *core.Event, f *core.Failure) err
 		s.r.obs.Completed(0, 1, 0)
 	}
 	s.mu.Lock()
-	if _, known := s.handedOff[e.AggregateID]; !known {
-		s.handedOff[e.AggregateID] = 0
-	}
+	s.noteLocked(e.AggregateID, s.handedOff[e.AggregateID].xid)
 	s.mu.Unlock()
 	if s.r.opts.HandedOff != nil {
 		s.r.opts.HandedOff()

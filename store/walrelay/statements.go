@@ -102,22 +102,33 @@ func (q statements) settle(ctx context.Context, pool *pgxpool.Pool, log *slog.Lo
 		for i, it := range pending {
 			xids[i] = int64(it.txn.xid)
 		}
-		rows, err := pool.Query(ctx, visibleXIDs, xids)
-		if err != nil {
+		if visible, err = q.visible(ctx, pool, xids); err != nil {
 			return gone, err
-		}
-		seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return gone, err
-		}
-		clear(visible)
-		for _, x := range seen {
-			visible[uint32(x)] = true
 		}
 		if !sleep(ctx, min(time.Duration(1+attempt)*4*time.Millisecond, time.Second)) {
 			return gone, ctx.Err()
 		}
 	}
+}
+
+// visible says which of the transactions xids this session sees.
+func (q statements) visible(ctx context.Context, pool *pgxpool.Pool, xids []int64) (map[uint32]bool, error) {
+	out := map[uint32]bool{}
+	if len(xids) == 0 {
+		return out, nil
+	}
+	rows, err := pool.Query(ctx, visibleXIDs, xids)
+	if err != nil {
+		return nil, fmt.Errorf("check transactions visible: %w", err)
+	}
+	seen, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("check transactions visible: %w", err)
+	}
+	for _, x := range seen {
+		out[uint32(x)] = true
+	}
+	return out, nil
 }
 
 // waitVisible waits until transaction xid, read from the stream, is

@@ -14,6 +14,9 @@ type tracker struct {
 	mu        sync.Mutex
 	txns      []*txn // in commit order, oldest first
 	confirmed pglogrepl.LSN
+	// eventsEnd is the end of the latest confirmable transaction that had
+	// events: confirmed moves past it with idle WAL too.
+	eventsEnd pglogrepl.LSN
 }
 
 type txn struct {
@@ -75,6 +78,9 @@ func (t *tracker) advance() {
 			break
 		}
 		t.confirmed = max(t.confirmed, x.end)
+		if x.events > 0 {
+			t.eventsEnd = max(t.eventsEnd, x.end)
+		}
 		n++
 	}
 	if n > 0 {
@@ -92,6 +98,14 @@ func (t *tracker) idleAt(lsn pglogrepl.LSN) {
 		t.confirmed = max(t.confirmed, lsn)
 	}
 	t.mu.Unlock()
+}
+
+// lastEvents returns the end of the latest confirmable transaction with
+// events.
+func (t *tracker) lastEvents() pglogrepl.LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.eventsEnd
 }
 
 // position returns the position that may be confirmed and how many

@@ -102,6 +102,7 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 		literal(sc.Table),
 		pgx.Identifier{sc.Schema, sc.Table + "_log_write"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_migrations"}.Sanitize(),
+		pgx.Identifier{sc.Schema, sc.Table + "_log_slot"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_id_seq"}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.ProcessedTable}.Sanitize(),
 		pgx.Identifier{sc.Schema, sc.Table + "_uuidv7"}.Sanitize(),

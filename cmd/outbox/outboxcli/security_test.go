@@ -394,7 +394,7 @@ func TestConfigValuesCannotInjectSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{processed, table, table + "_migrations"}
+	want := []string{processed, table, table + "_log_slot", table + "_migrations"}
 	if strings.Join(tables, "|") != strings.Join(want, "|") {
 		t.Fatalf("tables in schema %q: %q, want %q", schema, tables, want)
 	}
