@@ -233,7 +233,7 @@ func (s *sleepyStore) write(e core.Event) {
 	}
 }
 
-func (s *sleepyStore) Sleep(context.Context, time.Duration) error {
+func (s *sleepyStore) Sleep(context.Context) (bool, error) {
 	s.mu.Lock()
 	s.sleeps++
 	s.asleep = true
@@ -243,7 +243,7 @@ func (s *sleepyStore) Sleep(context.Context, time.Duration) error {
 	if f != nil {
 		f()
 	}
-	return nil
+	return true, nil
 }
 
 func (s *sleepyStore) Awake(context.Context) error {
