@@ -222,26 +222,33 @@ func (s *Store) Awake(ctx context.Context) error {
 }
 
 // cancelWait ends the waiting request. A cancel sent through the pool
-// keeps the connection; one that fails, or does not end the wait soon,
-// costs the connection instead.
+// keeps the connection; it is sent again until the wait ends, for one
+// that reaches the server before the request does is ignored. One that
+// fails, or does not end the wait within cancelWithin, costs the
+// connection instead.
 func (s *Store) cancelWait(ctx context.Context) {
 	w := &s.sleeper
-	// The pool may reach another server than the sleeper's session (a
-	// failover between them), where its process id names another session.
-	var sent bool
-	err := s.pool.QueryRow(ctx, "SELECT CASE WHEN pg_postmaster_start_time() = $2 THEN pg_cancel_backend($1) ELSE false END",
-		w.backend.pid, w.backend.started).Scan(&sent)
-	if err != nil || !sent {
-		s.log.Debug("cancel the wake-up lock's wait; closing its connection instead", "error", err)
-		w.wait.cancel()
-	}
-	t := time.NewTimer(cancelWithin)
-	defer t.Stop()
-	select {
-	case <-w.wait.done:
-	case <-t.C:
-		w.wait.cancel()
-		<-w.wait.done
+	deadline := time.Now().Add(cancelWithin)
+	for again := time.Millisecond; ; again = min(2*again, 100*time.Millisecond) {
+		// The pool may reach another server than the sleeper's session (a
+		// failover between them), where its process id names another
+		// session.
+		var sent bool
+		err := s.pool.QueryRow(ctx, "SELECT CASE WHEN pg_postmaster_start_time() = $2 THEN pg_cancel_backend($1) ELSE false END",
+			w.backend.pid, w.backend.started).Scan(&sent)
+		if err != nil || !sent || time.Now().After(deadline) {
+			s.log.Debug("the wake-up lock's wait did not end on cancel; closing its connection", "error", err)
+			w.wait.cancel()
+			<-w.wait.done
+			return
+		}
+		t := time.NewTimer(again)
+		select {
+		case <-w.wait.done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
 	}
 }
 
