@@ -108,16 +108,16 @@ type produced struct {
 
 // trickle writes events one per transaction, on aggregates spread over
 // the partitions, until ctx is done: each of producers writes burst
-// events in a row, each transaction working for work after its INSERT as
-// a service's does, then pauses for about pause. Traffic in bursts has
-// commits that land while the relays are busy with the burst's first
-// events, and quiet after them: a wake-up lost then is not covered by the
-// next event's.
+// events in a row, then pauses for about pause. The last transaction of a
+// burst works for work after its INSERT, as a service's does: it writes
+// while the relays are busy with the burst, and commits after they went
+// back to sleep, with nothing after it until the next burst. A wake-up
+// lost then is not covered by the next event's.
 func trickle(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table string, producers, burst int, work, pause time.Duration) []produced {
 	t.Helper()
 	var mu sync.Mutex
 	var out []produced
-	write := func() bool {
+	write := func(work time.Duration) bool {
 		var seq int64
 		err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 			err := tx.QueryRow(context.Background(), "INSERT INTO "+table+
@@ -126,7 +126,9 @@ func trickle(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table string
 			if err != nil {
 				return err
 			}
-			_, err = tx.Exec(context.Background(), "SELECT pg_sleep($1)", work.Seconds())
+			if work > 0 {
+				_, err = tx.Exec(context.Background(), "SELECT pg_sleep($1)", work.Seconds())
+			}
 			return err
 		})
 		if err != nil {
@@ -142,8 +144,12 @@ func trickle(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table string
 	for range producers {
 		wg.Go(func() {
 			for {
-				for range burst {
-					if !write() {
+				for i := range burst {
+					w := time.Duration(0)
+					if i == burst-1 {
+						w = work
+					}
+					if !write(w) {
 						return
 					}
 				}
@@ -205,11 +211,11 @@ func TestEveryRelayWakesAtATrickle(t *testing.T) {
 	pool, cfg := pgtest.SchemaWith(t, store.Config{NotifyChannel: uniqueChannel()})
 	pub := newTimedPublisher()
 	wakeRelays(t, cfg, 3, pub)
-	// Eight producers writing three events each about every second:
-	// about 20 events a second, for 8 seconds.
+	// Eight producers writing six events each about every second: about
+	// 40 events a second, for 8 seconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	defer cancel()
-	events := trickle(ctx, t, pool, cfg.Schema+".events_outbox", 8, 3, 10*time.Millisecond, time.Second)
+	events := trickle(ctx, t, pool, cfg.Schema+".events_outbox", 8, 6, 30*time.Millisecond, time.Second)
 	lat := latencies(t, pub, events)
 	t.Logf("commit to publish, 3 relays: %s", describe(lat))
 	if slow := lat[len(lat)-1]; slow > wakeWithin {
