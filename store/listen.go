@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxhq/outbox/core"
 )
@@ -124,6 +127,7 @@ type sleeper struct {
 // lockWait is a request for the wake-up lock waiting in the background;
 // conn is its own until done is closed.
 type lockWait struct {
+	stop   atomic.Bool // asked to end: make no new request
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error // set before done is closed
@@ -172,18 +176,69 @@ func (s *Store) Sleep(ctx context.Context) (now bool, err error) {
 	if channel == "" {
 		channel = s.cfg.NotifyChannel
 	}
-	// One implicit transaction: the notification goes out only with the
-	// lock.
-	sql := fmt.Sprintf("SELECT pg_advisory_lock(%d); SELECT pg_notify(%s, '')", w.key, literal(channel))
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	lw := &lockWait{cancel: cancel, done: make(chan struct{})}
 	w.wait = lw
 	go func(conn *pgx.Conn) {
 		defer close(lw.done)
-		_, lw.err = conn.Exec(wctx, sql)
+		lw.err = w.await(wctx, conn, lw, channel)
 	}(w.conn)
 	return false, nil
 }
+
+// waitChunk is how long a waiting request waits at a time while producers
+// hold the lock shared. Between waits it looks at who holds it: a
+// producer that committed meanwhile wrote without notifying, and the
+// request notifies for it, so that one producer staying open does not
+// hide the others' commits.
+const waitChunk = 100 * time.Millisecond
+
+// await waits for the lock on conn until it is granted, or lw is asked to
+// stop (errWaitStopped).
+func (w *sleeper) await(ctx context.Context, conn *pgx.Conn, lw *lockWait, channel string) error {
+	notify := "SELECT pg_notify(" + literal(channel) + ", '')"
+	timeout := waitChunk.Milliseconds()
+	var holders []string // the producers holding the lock shared at the last look
+	for {
+		if lw.stop.Load() {
+			return errWaitStopped
+		}
+		// One implicit transaction: the notification goes out only with
+		// the lock.
+		_, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d; SELECT pg_advisory_lock(%d); %s", timeout, w.key, notify))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+			return err
+		}
+		var now []string
+		err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(virtualtransaction ORDER BY virtualtransaction), '{}') FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND mode = 'ShareLock' AND granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND ((classid::bigint << 32) | objid::bigint) = $1`, w.key).Scan(&now)
+		if err != nil {
+			return fmt.Errorf("read the wake-up lock's holders: %w", err)
+		}
+		if len(now) == 0 {
+			// The producers are gone, and the grant that followed them
+			// notified (or this request's will). Behind relays only:
+			// while this request waits, no producer can take the lock
+			// shared.
+			timeout = 0
+			continue
+		}
+		// Some producers may have committed since the request began (the
+		// first look) or since the last look.
+		if holders == nil || slices.ContainsFunc(holders, func(h string) bool { return !slices.Contains(now, h) }) {
+			if _, err := conn.Exec(ctx, notify); err != nil {
+				return err
+			}
+		}
+		holders = now
+	}
+}
+
+// errWaitStopped is how a waiting request asked to stop ends.
+var errWaitStopped = errors.New("wake-up lock's wait stopped")
 
 // Awake implements core.Sleeper: once the store's last sleeping relay
 // wakes, it withdraws the waiting request or releases the lock.
@@ -228,6 +283,7 @@ func (s *Store) Awake(ctx context.Context) error {
 // connection instead.
 func (s *Store) cancelWait(ctx context.Context) {
 	w := &s.sleeper
+	w.wait.stop.Store(true)
 	deadline := time.Now().Add(cancelWithin)
 	for again := time.Millisecond; ; again = min(2*again, 100*time.Millisecond) {
 		// The pool may reach another server than the sleeper's session (a

@@ -49,7 +49,8 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fromProducer := func(c *pgx.Conn, within time.Duration) bool {
+	// from reports a notification from the session pid within the time.
+	from := func(c *pgx.Conn, pid uint32, within time.Duration) bool {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, within)
 		defer cancel()
@@ -63,6 +64,7 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 			}
 		}
 	}
+	fromProducer := func(c *pgx.Conn, within time.Duration) bool { return from(c, pid, within) }
 	// A pgx connection whose wait was cut by its context is closed: a
 	// fresh one for every wait that must time out.
 	quiet := func(what string) {
@@ -165,7 +167,7 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 	if _, err := other.Exec(ctx, insert); err != nil {
 		t.Fatal(err)
 	}
-	if !sleeperWoke(listen, 5*time.Second) {
+	if !from(listen, other.PgConn().PID(), 5*time.Second) {
 		t.Error("a producer did not wake the relay whose sleep waits behind an open transaction")
 	}
 	start = time.Now()
@@ -180,7 +182,60 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 	if _, err := other.Exec(ctx, insert); err != nil {
 		t.Fatal(err)
 	}
-	if sleeperWoke(listen, 300*time.Millisecond) {
+	if from(listen, other.PgConn().PID(), 300*time.Millisecond) {
 		t.Error("a producer notified after the waiting relay woke")
+	}
+}
+
+// Producers that wrote while no relay slept, and commit one by one while
+// the relay's sleep waits behind them, wake it each time: one that stays
+// open does not hide the others' commits.
+func TestSilentCommitWakesBesideAnOpenProducer(t *testing.T) {
+	pool, cfg := pgtest.SchemaWith(t, store.Config{NotifyChannel: uniqueChannel()})
+	in := newInstance(t, pool, cfg)
+	ctx := context.Background()
+	defer in.s.CloseSleeper(ctx)
+	listen, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listen.Close(ctx)
+	if _, err := listen.Exec(ctx, "LISTEN "+pgx.Identifier{in.cfg.NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	insert := "INSERT INTO " + in.table() + " (aggregate_id, type, payload) VALUES ($1, 't.x', '{}')"
+	open := func(agg string) pgx.Tx {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, insert, agg); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	long := open("long")
+	defer long.Rollback(ctx)
+	short := open("short")
+	if now, err := in.s.Sleep(ctx); err != nil || now {
+		t.Fatalf("sleep beside open producers: now %v, error %v; want a waiting request", now, err)
+	}
+	if err := short.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := listen.WaitForNotification(wctx); err != nil {
+		t.Fatalf("no wake-up within 3s of a commit that did not notify, beside an open producer: %v", err)
+	}
+	t.Logf("woken %s after the commit", time.Since(start))
+	evs := in.claimAll(ctx, t, true)
+	if len(evs) != 1 || evs[0].AggregateID != "short" {
+		t.Errorf("the claim after the wake-up got %d events, want the committed one", len(evs))
+	}
+	if err := in.s.Awake(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
