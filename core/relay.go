@@ -371,8 +371,10 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		return r.backoff(ctx, wait, &down)
 	}
 	// Producers wake this relay only while it sleeps (Sleeper): it says
-	// so before each wait, claims once more for what committed before,
-	// and ends it on waking, in the background, beside the next claim.
+	// so when a claim finds nothing, claims once more for what committed
+	// before, stays asleep across wake-ups that bring it nothing (other
+	// relays' events), and ends the sleep, in the background, once a
+	// claim finds events.
 	sleeper, _ := r.store.(Sleeper)
 	if _, ok := r.store.(Notifier); !ok || r.opts.DisableWakeups {
 		sleeper = nil
@@ -438,8 +440,11 @@ func (r *Relay) claimLoop(ctx context.Context) {
 				now, err := sleeper.Sleep(ctx)
 				if err != nil {
 					r.log.Debug("sleep: producers may not wake this relay until the next poll", "error", err)
-				} else if asleep = true; now {
-					continue // claim what committed without waking anyone
+				} else {
+					asleep = true
+					if now {
+						continue // claim what committed without waking anyone
+					}
 				}
 			}
 		} else {
