@@ -391,7 +391,7 @@ func TestWriteNotifiesAtCommit(t *testing.T) {
 		_ = st.Listen(lctx, func() {})
 	}()
 	defer func() { stopListen(); <-listening }()
-	if err := st.Sleep(ctx, time.Second); err != nil {
+	if _, err := st.Sleep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := pool.Begin(ctx)

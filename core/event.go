@@ -166,12 +166,15 @@ type Notifier interface {
 // relay only while one sleeps, so that a busy relay costs them nothing:
 // the relay says when it is about to wait for a wake-up, and when it woke.
 type Sleeper interface {
-	// Sleep returns once producers wake the relay and every event
-	// committed without waking it is visible to the next claim, or after
-	// about limit, when producers may still not wake it (another relay is
-	// the sleeper, or a producer's transaction stays open): the relay then
-	// relies on its poll interval.
-	Sleep(ctx context.Context, limit time.Duration) error
+	// Sleep asks producers to wake the relay from now on, and returns
+	// without waiting for them. now means every event committed without
+	// waking the relay is visible to a claim made now (the relay claims
+	// once more); otherwise producers that wrote without waking it are
+	// still open, and the store wakes the relay (and every other sleeping
+	// one) once they have committed. After an error, or a failure Sleep
+	// cannot report, the relay relies on its poll interval, and makes the
+	// sleep anew after each poll.
+	Sleep(ctx context.Context) (now bool, err error)
 	// Awake ends Sleep's effect: producers stop waking the relay.
 	Awake(ctx context.Context) error
 }

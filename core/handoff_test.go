@@ -233,7 +233,7 @@ func (s *sleepyStore) write(e core.Event) {
 	}
 }
 
-func (s *sleepyStore) Sleep(context.Context, time.Duration) error {
+func (s *sleepyStore) Sleep(context.Context) (bool, error) {
 	s.mu.Lock()
 	s.sleeps++
 	s.asleep = true
@@ -243,7 +243,7 @@ func (s *sleepyStore) Sleep(context.Context, time.Duration) error {
 	if f != nil {
 		f()
 	}
-	return nil
+	return true, nil
 }
 
 func (s *sleepyStore) Awake(context.Context) error {
@@ -272,6 +272,36 @@ func TestSleepThenClaimOnceMore(t *testing.T) {
 		defer s.mu.Unlock()
 		return s.awakes >= 1 && s.sleeps >= 2
 	})
+}
+
+// A relay woken for events that are not its own (another relay's, or
+// none) stays asleep, so that its wake-ups do not pass the store's lock
+// around; a poll makes the sleep anew.
+func TestEmptyWakeupsKeepTheSleep(t *testing.T) {
+	s := &sleepyStore{Store: memstore.New()}
+	var out log
+	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
+	r := startRelay(t, s, pub, core.Options{PollInterval: time.Hour})
+	waitFor(t, "the sleep", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.sleeps == 1
+	})
+	for range 20 {
+		r.Wake()
+		time.Sleep(2 * time.Millisecond)
+	}
+	s.write(core.Event{ID: "mine", AggregateID: "a", Type: "t"})
+	waitFor(t, "the event, and the sleep ended and begun again", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(out.ids()) == 1 && s.awakes >= 1 && s.sleeps >= 2
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.awakes != 1 {
+		t.Errorf("the relay ended its sleep %d times over 20 empty wake-ups and one event, want once", s.awakes)
+	}
 }
 
 // oneAtATime gives out one event per claim, as a stream read while the

@@ -370,8 +370,10 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		return r.backoff(ctx, wait, &down)
 	}
 	// Producers wake this relay only while it sleeps (Sleeper): it says
-	// so before each wait, claims once more for what committed before,
-	// and ends it on waking, in the background, beside the next claim.
+	// so when a claim finds nothing, claims once more for what committed
+	// before, stays asleep across wake-ups that bring it nothing (other
+	// relays' events), and ends the sleep, in the background, once a
+	// claim finds events.
 	sleeper, _ := r.store.(Sleeper)
 	if _, ok := r.store.(Notifier); !ok || r.opts.DisableWakeups {
 		sleeper = nil
@@ -429,24 +431,38 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		case truncated:
 			wait = min(wait, truncatedPause)
 		}
-		if sleeper != nil && !asleep && next == idle && opened {
-			// Events are arriving: claim again shortly rather than ask
-			// every producer to wake this relay, which would serialize
-			// their commits (see Sleeper). Only an empty claim sleeps.
-			wait = min(wait, lingerPoll)
-		} else if sleeper != nil && !asleep && next == idle {
-			awaking.Wait()
-			if err := sleeper.Sleep(ctx, wait); err != nil {
-				r.log.Debug("sleep: producers may not wake this relay until the next poll", "error", err)
-			} else {
-				asleep = true
-				continue // claim what committed without waking anyone
+		if sleeper != nil && next == idle && !opened {
+			// Nothing to claim: sleep, or stay asleep across a wake-up
+			// that brought this relay nothing (another relay's event).
+			if !asleep {
+				awaking.Wait()
+				now, err := sleeper.Sleep(ctx)
+				if err != nil {
+					r.log.Debug("sleep: producers may not wake this relay until the next poll", "error", err)
+				} else {
+					asleep = true
+					if now {
+						continue // claim what committed without waking anyone
+					}
+				}
+			}
+		} else {
+			awake()
+			if sleeper != nil && next == idle {
+				// Events are arriving: claim again shortly rather than
+				// ask every producer to wake this relay, which would
+				// serialize their commits (see Sleeper).
+				wait = min(wait, lingerPoll)
 			}
 		}
-		if !r.sleep(ctx, wait, true) {
+		woken, ok := r.nap(ctx, wait)
+		if !ok {
 			return
 		}
-		awake()
+		if !woken {
+			// A poll: the sleep is made anew, in case the store lost it.
+			awake()
+		}
 	}
 }
 
@@ -534,23 +550,35 @@ const lingerPoll = 2 * time.Millisecond
 // locks, short next to a batch's publish time.
 const truncatedPause = 20 * time.Millisecond
 
-// sleep waits d, or less when woken (if wakeable); false means stop.
-func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool {
+// sleep waits d; false means stop.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	var wake <-chan struct{}
-	if wakeable {
-		wake = r.wake
-	}
 	select {
 	case <-t.C:
-	case <-wake:
+		return true
 	case <-r.stop:
 		return false
 	case <-ctx.Done():
 		return false
 	}
-	return true
+}
+
+// nap is the claim loop's wait: d, or less when woken, which it reports;
+// false for ok means stop.
+func (r *Relay) nap(ctx context.Context, d time.Duration) (woken, ok bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return false, true
+	case <-r.wake:
+		return true, true
+	case <-r.stop:
+		return false, false
+	case <-ctx.Done():
+		return false, false
+	}
 }
 
 // backoff waits d after a failed cycle, probing the store and the
@@ -562,7 +590,7 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) bool 
 // False means stop.
 func (r *Relay) backoff(ctx context.Context, d time.Duration, down *bool) bool {
 	if len(r.pingers) == 0 {
-		return r.sleep(ctx, d, false)
+		return r.sleep(ctx, d)
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -757,7 +785,7 @@ func (r *Relay) publishOrHandOff(ctx context.Context, pctx *publishCtx, h HandOf
 			alone := r.opts.HandOffAfter > 0 && attempt+1 >= r.opts.HandOffAfter &&
 				(r.published.Load() > firstFailure || r.publisherAnswers(ctx))
 			if !alone {
-				if !r.sleep(ctx, delay, false) {
+				if !r.sleep(ctx, delay) {
 					return stLeft, nil
 				}
 				continue
@@ -797,7 +825,7 @@ func retryRecord[T any](ctx context.Context, r *Relay, what string, f func() (T,
 		wait := r.opts.ErrorBackoff.Delay(attempt)
 		r.obs.Errored("record", err)
 		r.log.Error(what+" failed", "error", err, "retry_in", wait)
-		if !r.sleep(ctx, wait, false) {
+		if !r.sleep(ctx, wait) {
 			return v, false
 		}
 	}

@@ -37,7 +37,7 @@ func TestWriteFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Producers wake a relay that sleeps, as an idle one does.
-	if err := in.s.Sleep(ctx, time.Second); err != nil {
+	if _, err := in.s.Sleep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer in.s.CloseSleeper(ctx)
