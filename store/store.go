@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,6 +32,7 @@ type Store struct {
 	claimAll, claimUnordered string // claimAll: ordered, every partition
 	markDone, markFailed     string
 	from                     scanFrom
+	widen                    widen
 	sleeper                  sleeper
 	share                    share
 }
@@ -80,6 +83,46 @@ func (f *scanFrom) claimed(from int64, full bool, last int64) {
 	}
 }
 
+// widen sets how far ordered claims scan. A claim reads the first rows of
+// its scan in seq order and locks those it can; rows another transaction
+// holds, and the later events of their aggregates, take part of the scan
+// and leave the claim short. A frozen relay's open claims hold the lowest
+// pending rows of its partitions until its sessions end, and a stalled
+// aggregate's own locked rows can be a batch long: a scan of Limit rows
+// would find nothing else. So while claims come back short of Limit with
+// the whole scan read and rows held back, each scans twice as far as the
+// last, up to maxWiden times Limit; a claim that holds nothing back scans
+// Limit again.
+type widen struct {
+	k atomic.Int64 // the factor of Limit; 0 means 1
+}
+
+// maxWiden bounds the scan, in multiples of the claim's limit.
+const maxWiden = 16
+
+// scan returns how many rows a claim of limit events reads.
+func (w *widen) scan(limit int) int {
+	k := max(w.k.Load(), 1)
+	if limit <= 0 || int64(limit) > math.MaxInt64/maxWiden {
+		return limit
+	}
+	return limit * int(k)
+}
+
+// claimed records a claim that held heldBack rows back, and whether it
+// came back short of its limit having read its whole scan; true means
+// the scan was widened.
+func (w *widen) claimed(heldBack int, short bool) bool {
+	switch k := max(w.k.Load(), 1); {
+	case heldBack == 0:
+		w.k.Store(1)
+	case short && k < maxWiden:
+		w.k.Store(k * 2)
+		return true
+	}
+	return false
+}
+
 var (
 	_ core.Store         = (*Store)(nil)
 	_ core.Notifier      = (*Store)(nil)
@@ -106,7 +149,7 @@ WITH cand AS MATERIALIZED (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), w AS (` + claimRunning + `)
-SELECT ` + claimResult + `, true
+SELECT ` + claimResult("") + `, true
 FROM cand c JOIN w ON w.seq = c.seq
 ORDER BY c.seq`
 	s := &Store{
@@ -143,22 +186,28 @@ const claimStillPending = `coalesce(dispatched_at, parked_at) IS NULL AND (retry
 // pending. The first fitting row is always within, so a claim makes
 // progress whatever the limits.
 const (
-	claimWithin = `(w.total <= $3 OR w.total = c.size)`
-	claimResult = `c.seq, c.event_id, c.aggregate_id::text, c.type,
-       CASE WHEN c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
-       CASE WHEN c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
-       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin
+	claimWithin  = `(w.total <= $3 OR w.total = c.size)`
 	claimRunning = `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
 )
+
+// claimResult is the claim's columns; gate, when set, is a condition (and
+// AND) a row must meet for its payload to be sent.
+func claimResult(gate string) string {
+	return `c.seq, c.event_id, c.aggregate_id::text, c.type,
+       CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
+       CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin
+}
 
 // orderedClaim is the ordered claim over partitions parts, or over every
 // partition when parts is nil.
 //
-// It reads the first $1 pending events in seq order, merging each
+// It reads the first $6 pending events in seq order, merging each
 // partition's from the partition index, and leaves out two kinds: the
 // caller's own in flight ($4: events of its open claims, which it
 // publishes first), and the events of an aggregate from its first event
-// that is not due yet (waiting for a retry or its deliver-at time) on.
+// that is not due yet (waiting for a retry or its deliver-at time) on, or
+// from its first event on for the aggregates the caller holds back ($5).
 // held has that seq per aggregate, usually few; both sets are hashed, so
 // an event the scan steps over costs two lookups. Then it locks what it
 // read, skipping rows another session holds: another relay's claim, or one
@@ -167,7 +216,12 @@ const (
 // returned as not passing, and stay pending. Every earlier pending event
 // of an aggregate lies earlier in the same scan, so an event passes only
 // when each one before it is in the claim or in flight. Nothing is looked
-// up per aggregate, however hot one is.
+// up per aggregate, however hot one is. At most $1 events pass.
+//
+// The rows it could not lock come back too, as not passing, with their
+// seq and aggregate only: the caller learns that locked rows took part of
+// the scan ($6 rows, more than $1 when earlier claims met locked rows; see
+// widen), and says the claim was cut short.
 func (s *Store) orderedClaim(parts []int) string {
 	if parts != nil && len(parts) == 0 {
 		return ""
@@ -178,7 +232,7 @@ func (s *Store) orderedClaim(parts []int) string {
           AND (aggregate_id NOT IN (SELECT aggregate_id FROM held)
                OR (seq < (SELECT max(seq) FROM held)
                    AND seq < ((SELECT jsonb_object_agg(aggregate_id, seq) FROM held) ->> aggregate_id)::bigint))
-        ORDER BY seq LIMIT $1)`
+        ORDER BY seq LIMIT $6)`
 	}
 	var scans []string
 	if parts == nil {
@@ -189,8 +243,11 @@ func (s *Store) orderedClaim(parts []int) string {
 	}
 	return `
 WITH held AS MATERIALIZED (
-    SELECT aggregate_id, min(seq) AS seq FROM ` + s.n.Outbox + `
-    WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+    SELECT aggregate_id, min(seq) AS seq FROM (
+        SELECT aggregate_id, seq FROM ` + s.n.Outbox + `
+        WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+        UNION ALL SELECT unnest($5::text[]), 0
+    ) h
     GROUP BY aggregate_id
 ), mine AS MATERIALIZED (
     SELECT unnest($4::bigint[]) AS seq
@@ -199,21 +256,30 @@ WITH held AS MATERIALIZED (
         ` + strings.Join(scans, "\n        UNION ALL ") + `
     ) u
     ORDER BY seq
-    LIMIT $1
+    LIMIT $6
 ), cand AS MATERIALIZED (
     SELECT ` + claimCols + ` FROM ` + s.n.Outbox + `
     WHERE seq = ANY (ARRAY(SELECT seq FROM pre)) AND ` + claimStillPending + `
     ORDER BY seq
     FOR UPDATE SKIP LOCKED
 ), skipped AS MATERIALIZED (
-    SELECT aggregate_id, min(seq) AS seq FROM pre
+    SELECT seq, aggregate_id FROM pre
     WHERE seq NOT IN (SELECT seq FROM cand)
-    GROUP BY aggregate_id
-), w AS (` + claimRunning + `)
-SELECT ` + claimResult + `,
-       s.seq IS NULL OR c.seq < s.seq
-FROM cand c LEFT JOIN skipped s ON s.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
-ORDER BY c.seq`
+), gate AS (
+    SELECT c.seq, c.size, s.seq IS NULL OR c.seq < s.seq AS passes
+    FROM cand c LEFT JOIN (SELECT aggregate_id, min(seq) AS seq FROM skipped GROUP BY aggregate_id) s
+        ON s.aggregate_id = c.aggregate_id
+), w AS (
+    SELECT seq, passes AND count(*) FILTER (WHERE passes) OVER (ORDER BY seq) <= $1 AS passes,
+           sum(CASE WHEN passes AND size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total
+    FROM gate
+)
+SELECT ` + claimResult("w.passes AND ") + `, w.passes
+FROM cand c JOIN w ON w.seq = c.seq
+UNION ALL
+SELECT seq, '', aggregate_id, '', NULL, NULL, NULL, NULL, NULL, now(), 0, 0, false, false
+FROM skipped
+ORDER BY 1`
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -242,14 +308,21 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	from := s.from.get()
 	q, args := s.claimUnordered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from}
+	scan := req.Limit
 	if !req.Unordered {
-		q, args[3] = s.claimAll, req.InFlight
+		q = s.claimAll
 		if o := s.share.owned.Load(); o != nil {
 			q = o.claim
 		}
 		if q == "" {
 			return &claim{s: s}, nil // no partition owned
 		}
+		scan = s.widen.scan(req.Limit)
+		heldBack := req.HeldBack
+		if heldBack == nil {
+			heldBack = []string{}
+		}
+		args = []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, req.InFlight, heldBack, scan}
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -293,11 +366,57 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	if err != nil {
 		return fail("select events", err)
 	}
+	c, st, err := s.readClaim(rows, req)
+	if err != nil {
+		return fail("select events", err)
+	}
+	if err := br.Close(); err != nil {
+		return fail("select events", err)
+	}
+	if req.Unordered {
+		s.from.claimed(from, st.candidates >= req.Limit, st.last)
+	}
+	// An ordered claim left short by rows it could not take reads further,
+	// in the same transaction (its own locks do not stop it), until it is
+	// full or has read as far as it may: it returns the claimable events
+	// whatever rows others hold.
+	for !req.Unordered && s.widen.claimed(st.heldBack, len(c.events)+len(c.rejected) < req.Limit && st.candidates >= scan) {
+		scan = s.widen.scan(req.Limit)
+		args[5] = scan
+		rows, err := conn.Query(ctx, q, args...)
+		if err != nil {
+			return fail("select events", err)
+		}
+		if c, st, err = s.readClaim(rows, req); err != nil {
+			return fail("select events", err)
+		}
+	}
+	if len(c.events) == 0 && len(c.rejected) == 0 {
+		// Hold no transaction for an empty claim.
+		if err := rollback(ctx, conn); err != nil {
+			return nil, fmt.Errorf("end empty claim: %w", err)
+		}
+		return c, nil
+	}
+	c.conn = conn
+	return c, nil
+}
+
+// claimRead is what a claim's rows said besides its events.
+type claimRead struct {
+	candidates int   // rows read
+	last       int64 // the last row's seq
+	heldBack   int   // rows that did not pass the gate
+}
+
+// readClaim reads a claim's rows and closes them.
+func (s *Store) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimRead, error) {
+	defer rows.Close()
 	// Limit comes from the caller: a negative one must reach PostgreSQL as
 	// an error, a huge one must not allocate up front.
 	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
+	var st claimRead
 	var rejectedAggs map[string]bool
-	candidates, last := 0, int64(0)
 	// One set of scan destinations for the whole claim: taking their
 	// addresses per row would allocate each of them for every event.
 	var (
@@ -314,15 +433,17 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		// Cleared, so that no row's values can share memory with the last.
 		e, bytes, contentType, topic, headers = core.Event{}, nil, nil, nil, nil
 		if err := rows.Scan(dest...); err != nil {
-			rows.Close()
-			return fail("scan event", err)
+			return nil, st, fmt.Errorf("scan event: %w", err)
 		}
-		candidates++
-		last = e.Seq
+		st.candidates++
+		st.last = e.Seq
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
 			c.truncated = true
+			if !passes {
+				st.heldBack++
+			}
 			continue
 		}
 		// One of the two payload columns is set (the table checks it).
@@ -350,24 +471,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		}
 		c.events = append(c.events, e)
 	}
-	if err := rows.Err(); err != nil {
-		return fail("select events", err)
-	}
-	if err := br.Close(); err != nil {
-		return fail("select events", err)
-	}
-	if req.Unordered {
-		s.from.claimed(from, candidates >= req.Limit, last)
-	}
-	if len(c.events) == 0 && len(c.rejected) == 0 {
-		// Hold no transaction for an empty claim.
-		if err := rollback(ctx, conn); err != nil {
-			return nil, fmt.Errorf("end empty claim: %w", err)
-		}
-		return c, nil
-	}
-	c.conn = conn
-	return c, nil
+	return c, st, rows.Err()
 }
 
 // rollback ends conn's transaction and returns conn to the pool. The pool
