@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +30,6 @@ type Store struct {
 	claimAll, claimUnordered string // claimAll: ordered, every partition
 	markDone, markFailed     string
 	from                     scanFrom
-	widen                    widen
 	sleeper                  sleeper
 	share                    share
 }
@@ -83,45 +80,8 @@ func (f *scanFrom) claimed(from int64, full bool, last int64) {
 	}
 }
 
-// widen sets how far ordered claims scan. A claim reads the first rows of
-// its scan in seq order and locks those it can; rows another transaction
-// holds, and the later events of their aggregates, take part of the scan
-// and leave the claim short. A frozen relay's open claims hold the lowest
-// pending rows of its partitions until its sessions end, and a stalled
-// aggregate's own locked rows can be a batch long: a scan of Limit rows
-// would find nothing else. So while claims come back short of Limit with
-// the whole scan read and rows held back, each scans twice as far as the
-// last, up to maxWiden times Limit; a claim that holds nothing back scans
-// Limit again.
-type widen struct {
-	k atomic.Int64 // the factor of Limit; 0 means 1
-}
-
-// maxWiden bounds the scan, in multiples of the claim's limit.
-const maxWiden = 16
-
-// scan returns how many rows a claim of limit events reads.
-func (w *widen) scan(limit int) int {
-	k := max(w.k.Load(), 1)
-	if limit <= 0 || int64(limit) > math.MaxInt64/maxWiden {
-		return limit
-	}
-	return limit * int(k)
-}
-
-// claimed records a claim that held heldBack rows back, and whether it
-// came back short of its limit having read its whole scan; true means
-// the scan was widened.
-func (w *widen) claimed(heldBack int, short bool) bool {
-	switch k := max(w.k.Load(), 1); {
-	case heldBack == 0:
-		w.k.Store(1)
-	case short && k < maxWiden:
-		w.k.Store(k * 2)
-		return true
-	}
-	return false
-}
+// maxClaimPasses bounds the scans of one ordered claim (see Claim).
+const maxClaimPasses = 8
 
 var (
 	_ core.Store         = (*Store)(nil)
@@ -202,7 +162,7 @@ func claimResult(gate string) string {
 // orderedClaim is the ordered claim over partitions parts, or over every
 // partition when parts is nil.
 //
-// It reads the first $6 pending events in seq order, merging each
+// It reads the first $1 pending events in seq order, merging each
 // partition's from the partition index, and leaves out two kinds: the
 // caller's own in flight ($4: events of its open claims, which it
 // publishes first), and the events of an aggregate from its first event
@@ -219,9 +179,8 @@ func claimResult(gate string) string {
 // up per aggregate, however hot one is. At most $1 events pass.
 //
 // The rows it could not lock come back too, as not passing, with their
-// seq and aggregate only: the caller learns that locked rows took part of
-// the scan ($6 rows, more than $1 when earlier claims met locked rows; see
-// widen), and says the claim was cut short.
+// seq and aggregate only: the caller learns which aggregates locked rows
+// hold back, and that the claim was cut short.
 func (s *Store) orderedClaim(parts []int) string {
 	if parts != nil && len(parts) == 0 {
 		return ""
@@ -232,7 +191,7 @@ func (s *Store) orderedClaim(parts []int) string {
           AND (aggregate_id NOT IN (SELECT aggregate_id FROM held)
                OR (seq < (SELECT max(seq) FROM held)
                    AND seq < ((SELECT jsonb_object_agg(aggregate_id, seq) FROM held) ->> aggregate_id)::bigint))
-        ORDER BY seq LIMIT $6)`
+        ORDER BY seq LIMIT $1)`
 	}
 	var scans []string
 	if parts == nil {
@@ -256,7 +215,7 @@ WITH held AS MATERIALIZED (
         ` + strings.Join(scans, "\n        UNION ALL ") + `
     ) u
     ORDER BY seq
-    LIMIT $6
+    LIMIT $1
 ), cand AS MATERIALIZED (
     SELECT ` + claimCols + ` FROM ` + s.n.Outbox + `
     WHERE seq = ANY (ARRAY(SELECT seq FROM pre)) AND ` + claimStillPending + `
@@ -270,8 +229,7 @@ WITH held AS MATERIALIZED (
     FROM cand c LEFT JOIN (SELECT aggregate_id, min(seq) AS seq FROM skipped GROUP BY aggregate_id) s
         ON s.aggregate_id = c.aggregate_id
 ), w AS (
-    SELECT seq, passes AND count(*) FILTER (WHERE passes) OVER (ORDER BY seq) <= $1 AS passes,
-           sum(CASE WHEN passes AND size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total
+    SELECT seq, passes, sum(CASE WHEN passes AND size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total
     FROM gate
 )
 SELECT ` + claimResult("w.passes AND ") + `, w.passes
@@ -308,7 +266,6 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	from := s.from.get()
 	q, args := s.claimUnordered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from}
-	scan := req.Limit
 	if !req.Unordered {
 		q = s.claimAll
 		if o := s.share.owned.Load(); o != nil {
@@ -317,12 +274,8 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		if q == "" {
 			return &claim{s: s}, nil // no partition owned
 		}
-		scan = s.widen.scan(req.Limit)
-		heldBack := req.HeldBack
-		if heldBack == nil {
-			heldBack = []string{}
-		}
-		args = []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, req.InFlight, heldBack, scan}
+		heldBack := append([]string{}, req.HeldBack...)
+		args = []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, req.InFlight, heldBack}
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -376,13 +329,16 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	if req.Unordered {
 		s.from.claimed(from, st.candidates >= req.Limit, st.last)
 	}
-	// An ordered claim left short by rows it could not take reads further,
-	// in the same transaction (its own locks do not stop it), until it is
-	// full or has read as far as it may: it returns the claimable events
-	// whatever rows others hold.
-	for !req.Unordered && s.widen.claimed(st.heldBack, len(c.events)+len(c.rejected) < req.Limit && st.candidates >= scan) {
-		scan = s.widen.scan(req.Limit)
-		args[5] = scan
+	// Rows other transactions hold (a frozen relay's open claims, a
+	// stalled aggregate's) and the later events of their aggregates can
+	// fill the scan and leave the claim short. Then it scans again, in the
+	// same transaction (its own locks do not stop it), leaving those
+	// aggregates out, until it is full, meets no locked row, or has made
+	// maxClaimPasses scans: it returns the claimable events whatever rows
+	// others hold, however many events wait behind them.
+	for pass := 1; !req.Unordered && pass < maxClaimPasses && len(st.blocked) > 0 &&
+		len(c.events)+len(c.rejected) < req.Limit && st.candidates >= req.Limit; pass++ {
+		args[4] = append(args[4].([]string), st.blocked...)
 		rows, err := conn.Query(ctx, q, args...)
 		if err != nil {
 			return fail("select events", err)
@@ -390,6 +346,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		if c, st, err = s.readClaim(rows, req); err != nil {
 			return fail("select events", err)
 		}
+		c.truncated = true // it left the blocked aggregates out
 	}
 	if len(c.events) == 0 && len(c.rejected) == 0 {
 		// Hold no transaction for an empty claim.
@@ -404,9 +361,9 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 
 // claimRead is what a claim's rows said besides its events.
 type claimRead struct {
-	candidates int   // rows read
-	last       int64 // the last row's seq
-	heldBack   int   // rows that did not pass the gate
+	candidates int      // rows read
+	last       int64    // the last row's seq
+	blocked    []string // aggregates of the rows that did not pass the gate
 }
 
 // readClaim reads a claim's rows and closes them.
@@ -442,7 +399,7 @@ func (s *Store) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimRe
 		if !passes || !within {
 			c.truncated = true
 			if !passes {
-				st.heldBack++
+				st.blocked = append(st.blocked, e.AggregateID)
 			}
 			continue
 		}
