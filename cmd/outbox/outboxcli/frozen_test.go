@@ -32,9 +32,9 @@ func TestFrozenRelayHoldsOnlyItsLockedRows(t *testing.T) {
 	}
 	ctx := context.Background()
 	table := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
-	// Two events each of 2000 aggregates: far more aggregates than the
+	// Two events each of 1000 aggregates: far more aggregates than the
 	// frozen relay's claims can hold.
-	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (aggregate_id, type, payload) SELECT 'key-' || (i % 2000), 't.x', '{}' FROM generate_series(0, 3999) i"); err != nil {
+	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (aggregate_id, type, payload) SELECT 'key-' || (i % 1000), 't.x', '{}' FROM generate_series(0, 1999) i"); err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "outbox")
@@ -82,7 +82,6 @@ func TestFrozenRelayHoldsOnlyItsLockedRows(t *testing.T) {
 		})
 		return cmd
 	}
-	b := start("b", io.Discard)
 	// a writes its events to a pipe nobody reads: once it is full, a's
 	// publishes block and its claims stay open.
 	r, w, err := os.Pipe()
@@ -92,20 +91,28 @@ func TestFrozenRelayHoldsOnlyItsLockedRows(t *testing.T) {
 	t.Cleanup(func() { r.Close() })
 	a := start("a", w)
 	w.Close()
-
 	host, _ := os.Hostname()
 	appA := fmt.Sprintf("%s %s:%d", relayAppName, host, a.Process.Pid)
-	// Both own their half of the partitions, and a's publishes are stuck
-	// with claims open.
-	waitUntil(t, 20*time.Second, "the relays to split the partitions and a to hold open claims", func() bool {
-		var split, open int
-		err := pool.QueryRow(ctx, `SELECT
-  (SELECT count(*) FROM (SELECT l.pid FROM pg_locks l JOIN pg_stat_activity s USING (pid)
-    WHERE s.application_name = $1 AND l.locktype = 'advisory' AND l.granted GROUP BY l.pid HAVING count(*) = 17) m),
-  (SELECT count(*) FROM pg_stat_activity WHERE application_name = $2 AND state = 'idle in transaction')`,
-			"outbox share "+cfg.Schema+"."+cfg.Table, appA).Scan(&split, &open)
-		return err == nil && split == 2 && open > 0
+	openClaims := func() int {
+		var open int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'", appA).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		return open
+	}
+	waitUntil(t, 20*time.Second, "a to hold open claims", func() bool { return openClaims() > 0 })
+	b := start("b", io.Discard)
+	// Both own their half of the partitions, and a's claims are still open.
+	waitUntil(t, 20*time.Second, "the relays to split the partitions", func() bool {
+		var split int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT l.pid FROM pg_locks l JOIN pg_stat_activity s USING (pid)
+    WHERE s.application_name = $1 AND l.locktype = 'advisory' AND l.granted GROUP BY l.pid HAVING count(*) = 17) m`,
+			"outbox share "+cfg.Schema+"."+cfg.Table).Scan(&split)
+		return err == nil && split == 2
 	})
+	if openClaims() == 0 {
+		t.Fatal("a's claims ended before it froze")
+	}
 	if err := a.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
