@@ -145,7 +145,7 @@ func TestUnsharedRelayClaimsBesideOpenClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := total - held
-	pub := newHangingPublisher("none", want)
+	pub := newHangingPublisher("no such aggregate", want) // hangs nothing
 	start := time.Now()
 	runRelay(t, second, pub, core.Options{DisableSharing: true})
 	timeout := time.After(10 * time.Second)
