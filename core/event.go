@@ -79,6 +79,13 @@ type ClaimOptions struct {
 	// not belong here: left out, they hold their aggregate back. Events of
 	// another relay's claims must never be listed.
 	InFlight []int64
+	// HeldBack lists aggregates the caller holds back: it holds an earlier
+	// event of each that it does not list in InFlight (a publish that
+	// stalls, or an aggregate with enough queued already). In ordered mode
+	// the store may leave their events out of the scan altogether, so
+	// they do not take the room of other aggregates' events; it is a
+	// hint, the gate holds them back either way.
+	HeldBack []string
 }
 
 // Claim is a set of events held by one relay.

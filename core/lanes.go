@@ -86,6 +86,17 @@ type lanes struct {
 	// their slow publish returns, so their later events are not claimed
 	// only to be let go again.
 	stalled map[string]bool
+	// An aggregate with aggCap events queued or more is held back from
+	// new claims (capped) until half of them are published, and its
+	// events past aggCap (excess in all) do not count against the room
+	// for new claims: one hot or stalled aggregate never fills the window
+	// the others' events are claimed into.
+	aggCap int
+	excess int
+	capped map[string]bool
+	// wake makes the relay claim now: an aggregate it held back may take
+	// new events again.
+	wake func()
 	// drop is called with batches that the lanes resolved completely.
 	drop func(*batch)
 	// roomBelow: kick is signalled when waiting falls below it.
@@ -99,10 +110,11 @@ type lanes struct {
 // maxSpare bounds the emptied queues kept for reuse.
 const maxSpare = 1024
 
-func newLanes(ordered bool, roomBelow int, drop func(*batch)) *lanes {
+func newLanes(ordered bool, roomBelow int, drop func(*batch), wake func()) *lanes {
 	l := &lanes{
 		ordered: ordered, queues: map[string]*queue{}, open: map[*batch]bool{},
 		cutFrom: map[string]uint64{}, stalled: map[string]bool{},
+		aggCap: max(1, roomBelow/4), capped: map[string]bool{}, wake: wake,
 		drop: drop, roomBelow: roomBelow, kick: make(chan struct{}, 1),
 		all: &queue{},
 	}
@@ -119,26 +131,37 @@ func (l *lanes) signal() {
 
 // startClaim numbers the claim about to be made and returns the events in
 // flight that it may count as its own for the gate: those queued, being
-// published or published, except for stalled aggregates. Failed and
+// published or published, except for the aggregates it holds back, which
+// it returns: stalled ones and those with aggCap events queued. Failed and
 // let-go events are left out, so the gate holds their aggregates back.
-func (l *lanes) startClaim() (seq uint64, inFlight []int64) {
+func (l *lanes) startClaim() (seq uint64, inFlight []int64, heldBack []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.claimSeq++
 	if !l.ordered {
-		return l.claimSeq, nil
+		return l.claimSeq, nil, nil
+	}
+	for key := range l.stalled {
+		heldBack = append(heldBack, key)
+	}
+	for key, q := range l.queues {
+		if len(q.items) >= l.aggCap && !l.stalled[key] {
+			l.capped[key] = true
+			heldBack = append(heldBack, key)
+		}
 	}
 	for b := range l.open {
 		for i := range b.events {
 			switch b.states[i] {
 			case stQueued, stPublishing, stPublished:
-				if !l.stalled[b.events[i].AggregateID] {
+				key := b.events[i].AggregateID
+				if !l.stalled[key] && !l.capped[key] {
 					inFlight = append(inFlight, b.events[i].Seq)
 				}
 			}
 		}
 	}
-	return l.claimSeq, inFlight
+	return l.claimSeq, inFlight, heldBack
 }
 
 // add queues a claimed batch. Its rejected rows are resolved as failures
@@ -168,6 +191,9 @@ func (l *lanes) add(b *batch) bool {
 		}
 		q.items = append(q.items, item{b, i})
 		l.waiting++
+		if l.ordered && len(q.items) > l.aggCap {
+			l.excess++
+		}
 		if !q.busy && !q.inReady {
 			q.inReady = true
 			l.ready = append(l.ready, q)
@@ -198,15 +224,19 @@ func (l *lanes) take() (item, bool) {
 	l.ready[0] = nil
 	l.ready = l.ready[1:]
 	it := q.items[0]
+	if l.ordered && len(q.items) > l.aggCap {
+		l.excess--
+	}
 	q.items[0] = item{}
 	q.items = q.items[1:]
 	l.waiting--
-	if l.waiting == l.roomBelow-1 {
+	if l.waiting-l.excess == l.roomBelow-1 {
 		l.signal()
 	}
 	it.b.states[it.i] = stPublishing
 	if l.ordered {
 		q.busy, q.busyB, q.since, q.inReady = true, it.b, time.Now(), false
+		l.uncap(q)
 	} else if len(q.items) > 0 {
 		// Unordered: other lanes take the next events at once.
 		l.ready = append(l.ready, q)
@@ -233,7 +263,10 @@ func (l *lanes) finish(it item, st state, err error) {
 		key := b.events[it.i].AggregateID
 		q := l.queues[key]
 		q.busy, q.busyB = false, nil
-		delete(l.stalled, key)
+		if l.stalled[key] {
+			delete(l.stalled, key)
+			l.wake() // its later events may be claimed now
+		}
 		if st == stFailed || st == stLeft {
 			resolved = append(resolved, l.letGo(q, 0)...)
 			l.cutFrom[key] = l.claimSeq + 1
@@ -244,6 +277,7 @@ func (l *lanes) finish(it item, st state, err error) {
 			l.cond.Signal()
 		} else {
 			// Neither busy nor ready: nothing else refers to it.
+			l.uncap(q)
 			delete(l.queues, key)
 			if len(l.spare) < maxSpare {
 				*q = queue{items: q.items[:0]}
@@ -264,9 +298,22 @@ func (l *lanes) resolve(b *batch) bool {
 	return b.remaining == 0
 }
 
+// uncap ends holding q's aggregate back for its queue's length once half
+// of it is published, and wakes the relay to claim its next events.
+// Callers hold mu.
+func (l *lanes) uncap(q *queue) {
+	if l.capped[q.key] && len(q.items) <= l.aggCap/2 {
+		delete(l.capped, q.key)
+		l.wake()
+	}
+}
+
 // letGo leaves pending every queued event of q from position from on, and
 // returns the batches this resolved completely. Callers hold mu.
 func (l *lanes) letGo(q *queue, from int) []*batch {
+	if q != l.all {
+		l.excess -= max(0, len(q.items)-max(from, l.aggCap))
+	}
 	var resolved []*batch
 	for _, it := range q.items[from:] {
 		it.b.states[it.i] = stLeft
@@ -277,7 +324,7 @@ func (l *lanes) letGo(q *queue, from int) []*batch {
 	}
 	clear(q.items[from:])
 	q.items = q.items[:from]
-	if l.waiting < l.roomBelow {
+	if l.waiting-l.excess < l.roomBelow {
 		l.signal()
 	}
 	return resolved
@@ -367,11 +414,12 @@ func (l *lanes) openOver(d time.Duration) bool {
 	return false
 }
 
-// queuedCount is how many events wait for a lane.
+// queuedCount is how many events wait for a lane, counting at most
+// aggCap of one aggregate.
 func (l *lanes) queuedCount() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.waiting
+	return l.waiting - l.excess
 }
 
 // close stops the workers once they are idle.

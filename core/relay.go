@@ -339,7 +339,7 @@ func (r *Relay) loop(ctx context.Context) {
 		}()
 		defer func() { cancel(); <-sharing }()
 	}
-	r.lanes = newLanes(!r.opts.Unordered, r.opts.BatchSize, func(b *batch) { go r.complete(ctx, b) })
+	r.lanes = newLanes(!r.opts.Unordered, r.opts.BatchSize, func(b *batch) { go r.complete(ctx, b) }, r.Wake)
 	r.slots = make(chan struct{}, r.opts.Claimers)
 	var workers sync.WaitGroup
 	for range r.opts.Lanes {
@@ -468,27 +468,25 @@ func (r *Relay) claimLoop(ctx context.Context) {
 
 // ready waits until a claim may be made: fewer claims are open than
 // claimsWanted (it takes a slot for the next one) and fewer than a batch
-// of events wait for a lane, so the next batch arrives before the lanes
-// run dry but memory stays bounded. While no claim may open it relieves
-// stalled aggregates, so that one slow publish cannot hold every claim
-// open. False means stop.
+// of events wait for a lane (see queuedCount), so the next batch arrives
+// before the lanes run dry but memory stays bounded. While no claim may
+// open it relieves stalled aggregates, however many events are queued, so
+// that one slow publish cannot hold every claim open. False means stop.
 func (r *Relay) ready(ctx context.Context) bool {
 	var tick <-chan time.Time
 	for {
-		if r.handsOff.Load() || r.lanes.queuedCount() < r.opts.BatchSize {
-			if len(r.slots) < r.claimsWanted() {
-				select {
-				case r.slots <- struct{}{}:
-					return true
-				default:
-				}
+		if (r.handsOff.Load() || r.lanes.queuedCount() < r.opts.BatchSize) && len(r.slots) < r.claimsWanted() {
+			select {
+			case r.slots <- struct{}{}:
+				return true
+			default:
 			}
-			r.lanes.relieve(stallAfter)
-			if tick == nil {
-				t := time.NewTicker(stallAfter / 4)
-				defer t.Stop()
-				tick = t.C
-			}
+		}
+		r.lanes.relieve(stallAfter)
+		if tick == nil {
+			t := time.NewTicker(stallAfter / 4)
+			defer t.Stop()
+			tick = t.C
 		}
 		select {
 		case <-r.lanes.kick:
@@ -655,9 +653,9 @@ func (r *Relay) probe(ctx context.Context) error {
 // claimBatch makes one claim and queues its events. opened reports that a
 // batch was opened (it then owns the slot ready took).
 func (r *Relay) claimBatch(ctx context.Context) (next pace, opened bool, err error) {
-	seq, inFlight := r.lanes.startClaim()
+	seq, inFlight, heldBack := r.lanes.startClaim()
 	start := time.Now()
-	claim, err := r.store.Claim(ctx, ClaimOptions{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered, InFlight: inFlight})
+	claim, err := r.store.Claim(ctx, ClaimOptions{Limit: r.opts.BatchSize, Unordered: r.opts.Unordered, InFlight: inFlight, HeldBack: heldBack})
 	if err != nil {
 		r.obs.Errored("claim", err)
 		return idle, false, fmt.Errorf("claim batch: %w", err)

@@ -80,6 +80,9 @@ func (f *scanFrom) claimed(from int64, full bool, last int64) {
 	}
 }
 
+// maxClaimPasses bounds the scans of one ordered claim (see Claim).
+const maxClaimPasses = 8
+
 var (
 	_ core.Store         = (*Store)(nil)
 	_ core.Notifier      = (*Store)(nil)
@@ -106,7 +109,7 @@ WITH cand AS MATERIALIZED (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), w AS (` + claimRunning + `)
-SELECT ` + claimResult + `, true
+SELECT ` + claimResult("") + `, true
 FROM cand c JOIN w ON w.seq = c.seq
 ORDER BY c.seq`
 	s := &Store{
@@ -143,13 +146,18 @@ const claimStillPending = `coalesce(dispatched_at, parked_at) IS NULL AND (retry
 // pending. The first fitting row is always within, so a claim makes
 // progress whatever the limits.
 const (
-	claimWithin = `(w.total <= $3 OR w.total = c.size)`
-	claimResult = `c.seq, c.event_id, c.aggregate_id::text, c.type,
-       CASE WHEN c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
-       CASE WHEN c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
-       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin
+	claimWithin  = `(w.total <= $3 OR w.total = c.size)`
 	claimRunning = `SELECT seq, sum(CASE WHEN size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total FROM cand`
 )
+
+// claimResult is the claim's columns; gate, when set, is a condition (and
+// AND) a row must meet for its payload to be sent.
+func claimResult(gate string) string {
+	return `c.seq, c.event_id, c.aggregate_id::text, c.type,
+       CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
+       CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin
+}
 
 // orderedClaim is the ordered claim over partitions parts, or over every
 // partition when parts is nil.
@@ -158,7 +166,8 @@ const (
 // partition's from the partition index, and leaves out two kinds: the
 // caller's own in flight ($4: events of its open claims, which it
 // publishes first), and the events of an aggregate from its first event
-// that is not due yet (waiting for a retry or its deliver-at time) on.
+// that is not due yet (waiting for a retry or its deliver-at time) on, or
+// from its first event on for the aggregates the caller holds back ($5).
 // held has that seq per aggregate, usually few; both sets are hashed, so
 // an event the scan steps over costs two lookups. Then it locks what it
 // read, skipping rows another session holds: another relay's claim, or one
@@ -167,7 +176,11 @@ const (
 // returned as not passing, and stay pending. Every earlier pending event
 // of an aggregate lies earlier in the same scan, so an event passes only
 // when each one before it is in the claim or in flight. Nothing is looked
-// up per aggregate, however hot one is.
+// up per aggregate, however hot one is. At most $1 events pass.
+//
+// The rows it could not lock come back too, as not passing, with their
+// seq and aggregate only: the caller learns which aggregates locked rows
+// hold back, and that the claim was cut short.
 func (s *Store) orderedClaim(parts []int) string {
 	if parts != nil && len(parts) == 0 {
 		return ""
@@ -189,8 +202,11 @@ func (s *Store) orderedClaim(parts []int) string {
 	}
 	return `
 WITH held AS MATERIALIZED (
-    SELECT aggregate_id, min(seq) AS seq FROM ` + s.n.Outbox + `
-    WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+    SELECT aggregate_id, min(seq) AS seq FROM (
+        SELECT aggregate_id, seq FROM ` + s.n.Outbox + `
+        WHERE dispatched_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL AND retry_at > now()
+        UNION ALL SELECT unnest($5::text[]), 0
+    ) h
     GROUP BY aggregate_id
 ), mine AS MATERIALIZED (
     SELECT unnest($4::bigint[]) AS seq
@@ -206,14 +222,22 @@ WITH held AS MATERIALIZED (
     ORDER BY seq
     FOR UPDATE SKIP LOCKED
 ), skipped AS MATERIALIZED (
-    SELECT aggregate_id, min(seq) AS seq FROM pre
+    SELECT seq, aggregate_id FROM pre
     WHERE seq NOT IN (SELECT seq FROM cand)
-    GROUP BY aggregate_id
-), w AS (` + claimRunning + `)
-SELECT ` + claimResult + `,
-       s.seq IS NULL OR c.seq < s.seq
-FROM cand c LEFT JOIN skipped s ON s.aggregate_id = c.aggregate_id JOIN w ON w.seq = c.seq
-ORDER BY c.seq`
+), gate AS (
+    SELECT c.seq, c.size, s.seq IS NULL OR c.seq < s.seq AS passes
+    FROM cand c LEFT JOIN (SELECT aggregate_id, min(seq) AS seq FROM skipped GROUP BY aggregate_id) s
+        ON s.aggregate_id = c.aggregate_id
+), w AS (
+    SELECT seq, passes, sum(CASE WHEN passes AND size <= $2 THEN size ELSE 0 END) OVER (ORDER BY seq) AS total
+    FROM gate
+)
+SELECT ` + claimResult("w.passes AND ") + `, w.passes
+FROM cand c JOIN w ON w.seq = c.seq
+UNION ALL
+SELECT seq, '', aggregate_id, '', NULL, NULL, NULL, NULL, NULL, now(), 0, 0, false, false
+FROM skipped
+ORDER BY 1`
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -243,13 +267,15 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	from := s.from.get()
 	q, args := s.claimUnordered, []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, from}
 	if !req.Unordered {
-		q, args[3] = s.claimAll, req.InFlight
+		q = s.claimAll
 		if o := s.share.owned.Load(); o != nil {
 			q = o.claim
 		}
 		if q == "" {
 			return &claim{s: s}, nil // no partition owned
 		}
+		heldBack := append([]string{}, req.HeldBack...)
+		args = []any{req.Limit, s.cfg.MaxEventBytes, s.cfg.MaxClaimBytes, req.InFlight, heldBack}
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -293,11 +319,61 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	if err != nil {
 		return fail("select events", err)
 	}
+	c, st, err := s.readClaim(rows, req)
+	if err != nil {
+		return fail("select events", err)
+	}
+	if err := br.Close(); err != nil {
+		return fail("select events", err)
+	}
+	if req.Unordered {
+		s.from.claimed(from, st.candidates >= req.Limit, st.last)
+	}
+	// Rows other transactions hold (a frozen relay's open claims, a
+	// stalled aggregate's) and the later events of their aggregates can
+	// fill the scan and leave the claim short. Then it scans again, in the
+	// same transaction (its own locks do not stop it), leaving those
+	// aggregates out, until it is full, meets no locked row, or has made
+	// maxClaimPasses scans: it returns the claimable events whatever rows
+	// others hold, however many events wait behind them.
+	for pass := 1; !req.Unordered && pass < maxClaimPasses && len(st.blocked) > 0 &&
+		len(c.events)+len(c.rejected) < req.Limit && st.candidates >= req.Limit; pass++ {
+		args[4] = append(args[4].([]string), st.blocked...)
+		rows, err := conn.Query(ctx, q, args...)
+		if err != nil {
+			return fail("select events", err)
+		}
+		if c, st, err = s.readClaim(rows, req); err != nil {
+			return fail("select events", err)
+		}
+		c.truncated = true // it left the blocked aggregates out
+	}
+	if len(c.events) == 0 && len(c.rejected) == 0 {
+		// Hold no transaction for an empty claim.
+		if err := rollback(ctx, conn); err != nil {
+			return nil, fmt.Errorf("end empty claim: %w", err)
+		}
+		return c, nil
+	}
+	c.conn = conn
+	return c, nil
+}
+
+// claimRead is what a claim's rows said besides its events.
+type claimRead struct {
+	candidates int      // rows read
+	last       int64    // the last row's seq
+	blocked    []string // aggregates of the rows that did not pass the gate
+}
+
+// readClaim reads a claim's rows and closes them.
+func (s *Store) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimRead, error) {
+	defer rows.Close()
 	// Limit comes from the caller: a negative one must reach PostgreSQL as
 	// an error, a huge one must not allocate up front.
 	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
+	var st claimRead
 	var rejectedAggs map[string]bool
-	candidates, last := 0, int64(0)
 	// One set of scan destinations for the whole claim: taking their
 	// addresses per row would allocate each of them for every event.
 	var (
@@ -314,15 +390,17 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		// Cleared, so that no row's values can share memory with the last.
 		e, bytes, contentType, topic, headers = core.Event{}, nil, nil, nil, nil
 		if err := rows.Scan(dest...); err != nil {
-			rows.Close()
-			return fail("scan event", err)
+			return nil, st, fmt.Errorf("scan event: %w", err)
 		}
-		candidates++
-		last = e.Seq
+		st.candidates++
+		st.last = e.Seq
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
 			c.truncated = true
+			if !passes {
+				st.blocked = append(st.blocked, e.AggregateID)
+			}
 			continue
 		}
 		// One of the two payload columns is set (the table checks it).
@@ -350,24 +428,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 		}
 		c.events = append(c.events, e)
 	}
-	if err := rows.Err(); err != nil {
-		return fail("select events", err)
-	}
-	if err := br.Close(); err != nil {
-		return fail("select events", err)
-	}
-	if req.Unordered {
-		s.from.claimed(from, candidates >= req.Limit, last)
-	}
-	if len(c.events) == 0 && len(c.rejected) == 0 {
-		// Hold no transaction for an empty claim.
-		if err := rollback(ctx, conn); err != nil {
-			return nil, fmt.Errorf("end empty claim: %w", err)
-		}
-		return c, nil
-	}
-	c.conn = conn
-	return c, nil
+	return c, st, rows.Err()
 }
 
 // rollback ends conn's transaction and returns conn to the pool. The pool

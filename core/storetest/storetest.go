@@ -63,6 +63,7 @@ func Run(t *testing.T, h Harness) {
 		{"ZeroRetryAtHolds", testZeroRetryAtHolds},
 		{"OrderedGateOpenClaim", testGateOpenClaim},
 		{"OrderedGateInFlight", testGateInFlight},
+		{"OrderedGateLockedRowsHideNothing", testGateLockedRowsHideNothing},
 		{"OrderedGateHeldEvent", func(t *testing.T, in Instance) { testGateHeld(t, in, time.Time{}) }},
 		{"OrderedGateRetryingEvent", func(t *testing.T, in Instance) { testGateHeld(t, in, time.Now().Add(time.Hour)) }},
 	}
@@ -596,6 +597,26 @@ func testGateOpenClaim(t *testing.T, in Instance) {
 		t.Fatalf("after A completed, claim = %v, want %v", got, want)
 	}
 	release(ctx, t, b)
+}
+
+// testGateLockedRowsHideNothing: the lowest pending events, held by an
+// open claim, and the later events of their aggregate, which that claim
+// holds back, do not take the room of other aggregates' events in a
+// claim: it returns those and, if it can tell, says it left events out.
+func testGateLockedRowsHideNothing(t *testing.T, in Instance) {
+	ctx := testCtx(t)
+	evs := produce(ctx, t, in, aggX, aggX, aggX, aggX, aggY, aggZ)
+	a := claim(ctx, t, in, 2, false)
+	defer release(ctx, t, a)
+	b := claim(ctx, t, in, 2, false)
+	defer release(ctx, t, b)
+	want := []int64{evs[4].Seq, evs[5].Seq}
+	if got := ids(b.Events()); !slices.Equal(got, want) {
+		t.Fatalf("ordered claim of 2 beside an open claim of X's first two = %v, want Y and Z %v", got, want)
+	}
+	if tr, ok := b.(core.Truncated); ok && !tr.Truncated() {
+		t.Fatal("the claim does not report the events of X it held back")
+	}
 }
 
 // testGateHeld fails the first event of X with retryAt: later X events stay
