@@ -170,6 +170,17 @@ func slotCmd() *cobra.Command {
 						} else {
 							fmt.Fprintf(w, "safe WAL left\tunlimited (max_slot_wal_keep_size = -1)\n")
 						}
+						if s.InvalidationReason != "" {
+							fmt.Fprintf(w, "invalidated\t%s\n", s.InvalidationReason)
+						}
+						switch {
+						case !s.FailoverCapable:
+							fmt.Fprintf(w, "failover\tno (PostgreSQL 17 and later synchronize failover slots to standbys)\n")
+						case s.Failover:
+							fmt.Fprintf(w, "failover\tyes\n")
+						default:
+							fmt.Fprintf(w, "failover\tno (a relay makes it one when it starts reading the slot)\n")
+						}
 					}
 					fmt.Fprintf(w, "publication\t%s (exists %v, tables %s)\n", s.Publication, s.PublicationExists, strings.Join(s.PublicationTables, ", "))
 					return w.Flush()
