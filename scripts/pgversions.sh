@@ -12,7 +12,9 @@
 #                       /var/cache/outbox/pg as root, as the server's user must read it)
 #   OUTBOX_PG_JOBS      suites run at once against one server (default 3)
 # The RabbitMQ half of the dedupe suite runs only when OUTBOX_TEST_AMQP_URL
-# names a server: it depends on the broker, not on PostgreSQL.
+# names a server: it depends on the broker, not on PostgreSQL. On 17 and
+# later the log relay suite includes the failover test
+# (TestFailoverToStandby), which starts a primary and a standby of its own.
 # Usage: scripts/pgversions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +55,10 @@ run_suites() {
       # shellcheck disable=SC2086 # pkgs and flags are lists of words
       set -- $flags
       [ "$name" = dedupe ] && set -- "$@" "${amqp_skip[@]}"
+      # The failover test starts a primary and a standby of its own.
+      if [ "$name" = walrelay ] && [ "$version" -ge 17 ]; then
+        export OUTBOX_TEST_FAILOVER_PG_BIN=$OUTBOX_TEST_PG_BIN
+      fi
       start=$SECONDS status=pass
       go test -count=1 -timeout 15m "$@" $pkgs >"$logs/$name.log" 2>&1 || status=FAIL
       echo "$version $name $status $((SECONDS - start))" >>"$results"

@@ -59,7 +59,7 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 // slotMetrics are the slot's gauges on /metrics, read from
 // pg_replication_slots on an interval (never per event).
 type slotMetrics struct {
-	lag, retained, safe, active, holding, inFlight prometheus.Gauge
+	lag, retained, safe, active, holding, inFlight, lost prometheus.Gauge
 }
 
 func newSlotMetrics(reg prometheus.Registerer) *slotMetrics {
@@ -75,6 +75,7 @@ func newSlotMetrics(reg prometheus.Registerer) *slotMetrics {
 		active:   g("active", "1 when a relay reads the slot."),
 		holding:  g("held_by_this_relay", "1 when this relay process reads the slot."),
 		inFlight: g("in_flight_events", "Events this relay read from the slot and has not yet published and recorded."),
+		lost:     g("invalidated", "1 when the server invalidated the slot (wal_status lost): no relay can read it again."),
 	}
 }
 
@@ -92,6 +93,7 @@ func (m *slotMetrics) run(ctx context.Context, pool *pgxpool.Pool, o walrelay.Op
 			m.retained.Set(float64(st.RetainedBytes))
 			m.safe.Set(float64(st.SafeWALBytes))
 			m.active.Set(b2f(st.Active))
+			m.lost.Set(b2f(st.WALStatus == "lost"))
 		} else if err != nil && ctx.Err() == nil {
 			e.log.Warn("read slot gauges", "error", err)
 		}
