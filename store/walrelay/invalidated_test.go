@@ -18,8 +18,10 @@ import (
 
 // A slot the server invalidated, for every reason the server version
 // has that a relay's slot can meet, is reported (Inspect: wal_status
-// lost and, from PostgreSQL 17 on, the reason) and refused by a relay
-// with ErrSlotLost. On a server of the test's own, from the test
+// lost and, from PostgreSQL 17 on, the reason), refused by a relay with
+// ErrSlotLost, and recovered by `outbox slot drop` and `outbox slot
+// create`, which hands the pending rows to the table path. Create used to
+// take the lost slot for a good one and do nothing. On a server of the test's own, from the test
 // server's binaries: invalidating a slot needs server-wide settings
 // (max_slot_wal_keep_size; on 18, idle_replication_slot_timeout).
 func TestInvalidatedSlotIsReported(t *testing.T) {
@@ -96,6 +98,27 @@ func TestInvalidatedSlotIsReported(t *testing.T) {
 		err := runUntilDone(t, pool, walrelay.Options{Store: cfg, Slot: slot, ManualSlot: true})
 		if !errors.Is(err, walrelay.ErrSlotLost) || !strings.Contains(err.Error(), slot.Name) {
 			t.Errorf("relay on the invalidated slot: %v, want ErrSlotLost naming it", err)
+		}
+
+		// The recovery: create refuses the lost slot, naming the fix; drop
+		// and create hand every pending row (none was relayed) to the
+		// table path.
+		if _, err := walrelay.CreateSlot(ctx, pool, cfg, slot); !errors.Is(err, walrelay.ErrSlotLost) || !strings.Contains(err.Error(), "outbox slot drop") {
+			t.Errorf("create on the invalidated slot: %v, want ErrSlotLost naming the fix", err)
+		}
+		var pending int64
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE dispatched_at IS NULL").Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		if err := walrelay.DropSlot(ctx, pool, cfg, slot); err != nil {
+			t.Fatal(err)
+		}
+		c, err := walrelay.CreateSlot(ctx, pool, cfg, slot)
+		if err != nil || !c.Slot || c.HandedOff != pending {
+			t.Errorf("create after the drop: %+v, %v; want the slot made and %d pending rows handed off", c, err, pending)
+		}
+		if st, err := walrelay.Inspect(ctx, pool, cfg, slot); err != nil || st.WALStatus == "lost" {
+			t.Errorf("the slot created again: wal_status %q, %v", st.WALStatus, err)
 		}
 	}
 

@@ -148,6 +148,18 @@ func otherDatabase(slot, db string) error {
 // after its confirmed position may never be relayed.
 var ErrSlotLost = errors.New("replication slot is invalidated")
 
+// lostError says what an invalidated slot lost and how to recover.
+func lostError(st SlotStatus) error {
+	why := ""
+	if st.InvalidationReason != "" {
+		why = " (" + st.InvalidationReason + ")"
+	}
+	return fmt.Errorf("%w: slot %s was invalidated by the server%s and can no longer be read; "+
+		"log-only events committed after its confirmed position %s are lost with the WAL it needed: "+
+		"drop it (`outbox slot drop`) and create it again (`outbox slot create`), which hands the table's pending rows to the table path",
+		ErrSlotLost, st.Slot, why, st.ConfirmedFlush)
+}
+
 // ErrNotPublished is returned (wrapped) by Run when the slot's publication
 // does not publish the outbox table's inserts (dropped, the table removed
 // from it, or inserts not published): the stream then carries none of its
@@ -284,6 +296,9 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		}
 		if st.Plugin != "pgoutput" {
 			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
+		}
+		if st.WALStatus == "lost" {
+			return c, fmt.Errorf("create slot: %w", lostError(st))
 		}
 		if st.FailoverCapable && !st.Failover && !st.Active {
 			return c, makeFailover(ctx, pool, s.Name)

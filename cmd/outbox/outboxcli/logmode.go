@@ -142,6 +142,9 @@ func slotCmd() *cobra.Command {
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "slot %s: %s\npublication %s: %s\nrows handed to the table path: %d\n",
 						s.Name, createdWord(c.Slot), s.Publication, createdWord(c.Publication), c.HandedOff)
+					if after, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), s); err == nil && c.Slot {
+						fmt.Fprintf(cmd.OutOrStdout(), "the slot relays log-only events committed after %s\n", after.ConfirmedFlush)
+					}
 					return nil
 				})
 			},
@@ -199,10 +202,18 @@ func slotCmd() *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
+					before, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
+					if err != nil {
+						return err
+					}
 					if err := walrelay.DropSlot(ctx, st.Pool(), st.Config(), o.Slot); err != nil {
 						return err
 					}
 					fmt.Fprintln(cmd.OutOrStdout(), "slot and publication dropped")
+					if before.Exists {
+						fmt.Fprintf(cmd.OutOrStdout(), "log-only events committed after %s, the slot's last confirmed position, and before the next `outbox slot create` are not relayed\n",
+							before.ConfirmedFlush)
+					}
 					return nil
 				})
 			},
