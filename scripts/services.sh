@@ -4,6 +4,8 @@
 #   OUTBOX_TEST_DATABASE_URL  postgres://user:pass@host:port/db
 #   OUTBOX_TEST_AMQP_URL      amqp://user:pass@host:port/   (or "none" to skip RabbitMQ)
 #   OUTBOX_TEST_CHROMIUM      a Chromium or Chrome binary, with --chromium (the console's browser test)
+# A throwaway PostgreSQL is Debian's newest installed, unless
+#   OUTBOX_TEST_PG_BIN        names a folder of PostgreSQL server binaries (initdb, pg_ctl, postgres)
 # With OUTBOX_SERVICES_ENV set to a file name, the variables are also written
 # there (for a shell that keeps servers running: scripts/services.sh sleep 3600 &).
 # Missing server packages are installed with apt-get when running as root.
@@ -84,14 +86,37 @@ as_pg() {
 }
 
 start_postgres() {
-  pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  pgbin=${OUTBOX_TEST_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)}
   if [ -z "$pgbin" ]; then
     apt_install postgresql
     pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
   fi
+  # Server binaries from elsewhere may link libraries this system lacks.
+  local lib pkgs=()
+  for lib in $(ldd "$pgbin/postgres" "$pgbin/initdb" 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
+    case $lib in
+      libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*) pkgs+=(libc6) ;;
+      libz.so.1) pkgs+=(zlib1g) ;;
+      libxml2.so.2) pkgs+=(libxml2) ;;
+      liblzma.so.5) pkgs+=(liblzma5) ;;
+      libzstd.so.1) pkgs+=(libzstd1) ;;
+      liblz4.so.1) pkgs+=(liblz4-1) ;;
+      *) log "$pgbin/postgres needs $lib, which is not installed"; exit 1 ;;
+    esac
+  done
+  [ "${#pkgs[@]}" = 0 ] || apt_install "${pkgs[@]}"
+  # The server runs as the postgres user when this runs as root.
+  if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+    useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin postgres
+  fi
   mkdir -p "$tmp/pg" "$tmp/pgsock"
   [ "$(id -u)" = 0 ] && chown postgres "$tmp/pg" "$tmp/pgsock"
   as_pg "$pgbin/initdb" -D "$tmp/pg" -U postgres -A trust --no-sync -E UTF8 >"$tmp/initdb.log" 2>&1 ||
+    { cat "$tmp/initdb.log" >&2; exit 1; }
+  # In single-user mode, before the start: a folder of server binaries
+  # need not hold psql.
+  echo "CREATE DATABASE outbox_test" |
+    as_pg "$pgbin/postgres" --single -D "$tmp/pg" -c exit_on_error=on postgres >"$tmp/initdb.log" 2>&1 ||
     { cat "$tmp/initdb.log" >&2; exit 1; }
   # fsync off: a throwaway server; commits stay synchronous so a restart
   # of the server keeps every acknowledged commit. --durable states the
@@ -113,7 +138,6 @@ start_postgres() {
     : >"$tmp/pgsock/pg.log"
   done
   pg_started=1
-  "$pgbin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -c "CREATE DATABASE outbox_test" >/dev/null
   export OUTBOX_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/outbox_test?sslmode=disable"
   export OUTBOX_TEST_PG_BIN="$pgbin" OUTBOX_TEST_PG_DATA="$tmp/pg" OUTBOX_TEST_WAL_LEVEL=logical
   local kind="fsync off"

@@ -97,14 +97,16 @@ ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.TopicCheck}};
 ALTER TABLE {{.Outbox}} VALIDATE CONSTRAINT {{.DeliverCheck}};
 
 --- step
--- The swap, a catalog change: SET NOT NULL skips its scan because the
--- validated check proves it; dropping the uuid column drops its two
--- indexes, and the new ones take their names.
-ALTER TABLE {{.Outbox}} ALTER COLUMN aggregate_id_text SET NOT NULL;
+-- The swap, a catalog change: dropping the uuid column drops its two
+-- indexes, and the new ones take their names; SET NOT NULL skips its scan
+-- because the validated check proves it. It comes after the rename: from
+-- PostgreSQL 18 on, a NOT NULL is a constraint named after the column it
+-- is set on, and keeps that name through a rename.
 DROP TRIGGER {{.KeySyncTrigger}} ON {{.Outbox}};
 DROP FUNCTION {{.KeySyncFunc}}();
 ALTER TABLE {{.Outbox}} DROP COLUMN aggregate_id;
 ALTER TABLE {{.Outbox}} RENAME COLUMN aggregate_id_text TO aggregate_id;
+ALTER TABLE {{.Outbox}} ALTER COLUMN aggregate_id SET NOT NULL;
 ALTER TABLE {{.Outbox}} DROP CONSTRAINT {{.KeyNotNull}};
 ALTER INDEX {{.Schema}}.{{.AggregateIdxNew}} RENAME TO {{.AggregateIdx}};
 ALTER INDEX {{.Schema}}.{{.RetryIdxNew}} RENAME TO {{.RetryIdx}};

@@ -264,6 +264,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			return fmt.Errorf("log relay: %w", err)
 		}
 	}
+	if warnings, err := FailoverWarnings(ctx, r.pool); err != nil {
+		r.log.Warn("log relay: could not check the failover settings", "error", err)
+	} else {
+		for _, w := range warnings {
+			r.log.Warn("log relay: a failover would lose the slot or events", "slot", r.opts.Slot.Name, "reason", w)
+		}
+	}
 	failures, standing, created := 0, false, false
 	for ctx.Err() == nil {
 		streamed, err := r.session(ctx)
@@ -368,6 +375,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err := r.checkPublication(sctx); err != nil {
 		return false, err
 	}
+	r.ensureFailover(sctx, conn)
 	if err := lockLogMode(sctx, conn, r.opts.Store); err != nil {
 		return false, err
 	}

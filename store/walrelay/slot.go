@@ -148,6 +148,18 @@ func otherDatabase(slot, db string) error {
 // after its confirmed position may never be relayed.
 var ErrSlotLost = errors.New("replication slot is invalidated")
 
+// lostError says what an invalidated slot lost and how to recover.
+func lostError(st SlotStatus) error {
+	why := ""
+	if st.InvalidationReason != "" {
+		why = " (" + st.InvalidationReason + ")"
+	}
+	return fmt.Errorf("%w: slot %s was invalidated by the server%s and can no longer be read; "+
+		"log-only events committed after its confirmed position %s are lost with the WAL it needed: "+
+		"drop it (`outbox slot drop`) and create it again (`outbox slot create`), which hands the table's pending rows to the table path",
+		ErrSlotLost, st.Slot, why, st.ConfirmedFlush)
+}
+
 // ErrNotPublished is returned (wrapped) by Run when the slot's publication
 // does not publish the outbox table's inserts (dropped, the table removed
 // from it, or inserts not published): the stream then carries none of its
@@ -291,6 +303,14 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		if st.Plugin != "pgoutput" {
 			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
 		}
+		if st.WALStatus == "lost" {
+			return c, fmt.Errorf("create slot: %w", lostError(st))
+		}
+		if st.FailoverCapable && !st.Failover && !st.Active {
+			if err := makeFailover(ctx, pool, s.Name); err != nil {
+				return c, err
+			}
+		}
 		// Recorded again: a slot made before the record existed.
 		return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
 	}
@@ -356,6 +376,12 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	c.Slot = true
+	if st.FailoverCapable {
+		// A relay that took the slot meanwhile makes it one itself.
+		if err := makeFailover(ctx, pool, s.Name); err != nil && !errors.Is(err, ErrSlotBusy) {
+			return c, err
+		}
+	}
 	// Only now may log-only events be written: the permanent slot reads
 	// every transaction that commits after this.
 	return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
@@ -457,6 +483,14 @@ type SlotStatus struct {
 	// SafeWALBytes is how much more WAL can be written before the slot is
 	// lost; -1 when max_slot_wal_keep_size is unlimited.
 	SafeWALBytes int64
+	// InvalidationReason is why the server invalidated the slot
+	// (wal_removed, rows_removed, wal_level_insufficient, idle_timeout),
+	// from PostgreSQL 17 on; empty otherwise.
+	InvalidationReason string
+	// FailoverCapable says the server can synchronize the slot to its
+	// standbys (PostgreSQL 17 and later); Failover that the slot is a
+	// failover slot, which they do synchronize.
+	FailoverCapable, Failover bool
 	// PublicationExists and PublicationTables describe the publication.
 	PublicationExists bool
 	PublicationTables []string
@@ -470,15 +504,22 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) 
 		return SlotStatus{}, err
 	}
 	st := SlotStatus{Slot: s.Name, Publication: s.Publication}
+	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int >= 170000").Scan(&st.FailoverCapable); err != nil {
+		return st, fmt.Errorf("inspect slot %s: %w", s.Name, err)
+	}
 	var pid *int32
-	var confirmed, restart, walStatus, db *string
+	var confirmed, restart, walStatus, db, reason *string
 	var lag, retained, safe *int64
+	var failover *bool
+	// Columns of later versions are read through to_jsonb, which leaves
+	// them NULL where the server has none.
 	err = pool.QueryRow(ctx, `
 SELECT plugin, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
        (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
-       wal_status, safe_wal_size, database, database IS NOT DISTINCT FROM current_database()
-FROM pg_replication_slots WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.Active, &pid, &confirmed, &restart, &lag, &retained, &walStatus, &safe,
-		&db, &st.InThisDatabase)
+       wal_status, safe_wal_size, database, database IS NOT DISTINCT FROM current_database(),
+       to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'failover')::boolean
+FROM pg_replication_slots s WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.Active, &pid, &confirmed, &restart, &lag, &retained, &walStatus, &safe,
+		&db, &st.InThisDatabase, &reason, &failover)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -489,6 +530,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.Ac
 		st.ActivePID = deref(pid)
 		st.ConfirmedFlush, st.RestartLSN, st.WALStatus = deref(confirmed), deref(restart), deref(walStatus)
 		st.LagBytes, st.RetainedBytes = deref(lag), deref(retained)
+		st.InvalidationReason, st.Failover = deref(reason), deref(failover)
 		st.SafeWALBytes = -1
 		if safe != nil {
 			st.SafeWALBytes = *safe

@@ -59,7 +59,7 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 // slotMetrics are the slot's gauges on /metrics, read from
 // pg_replication_slots on an interval (never per event).
 type slotMetrics struct {
-	lag, retained, safe, active, holding, inFlight prometheus.Gauge
+	lag, retained, safe, active, holding, inFlight, lost prometheus.Gauge
 }
 
 func newSlotMetrics(reg prometheus.Registerer) *slotMetrics {
@@ -75,6 +75,7 @@ func newSlotMetrics(reg prometheus.Registerer) *slotMetrics {
 		active:   g("active", "1 when a relay reads the slot."),
 		holding:  g("held_by_this_relay", "1 when this relay process reads the slot."),
 		inFlight: g("in_flight_events", "Events this relay read from the slot and has not yet published and recorded."),
+		lost:     g("invalidated", "1 when the server invalidated the slot (wal_status lost): no relay can read it again."),
 	}
 }
 
@@ -92,6 +93,7 @@ func (m *slotMetrics) run(ctx context.Context, pool *pgxpool.Pool, o walrelay.Op
 			m.retained.Set(float64(st.RetainedBytes))
 			m.safe.Set(float64(st.SafeWALBytes))
 			m.active.Set(b2f(st.Active))
+			m.lost.Set(b2f(st.WALStatus == "lost"))
 		} else if err != nil && ctx.Err() == nil {
 			e.log.Warn("read slot gauges", "error", err)
 		}
@@ -140,6 +142,9 @@ func slotCmd() *cobra.Command {
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "slot %s: %s\npublication %s: %s\nrows handed to the table path: %d\n",
 						s.Name, createdWord(c.Slot), s.Publication, createdWord(c.Publication), c.HandedOff)
+					if after, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), s); err == nil && c.Slot {
+						fmt.Fprintf(cmd.OutOrStdout(), "the slot relays log-only events committed after %s\n", after.ConfirmedFlush)
+					}
 					return nil
 				})
 			},
@@ -170,6 +175,17 @@ func slotCmd() *cobra.Command {
 						} else {
 							fmt.Fprintf(w, "safe WAL left\tunlimited (max_slot_wal_keep_size = -1)\n")
 						}
+						if s.InvalidationReason != "" {
+							fmt.Fprintf(w, "invalidated\t%s\n", s.InvalidationReason)
+						}
+						switch {
+						case !s.FailoverCapable:
+							fmt.Fprintf(w, "failover\tno (PostgreSQL 17 and later synchronize failover slots to standbys)\n")
+						case s.Failover:
+							fmt.Fprintf(w, "failover\tyes\n")
+						default:
+							fmt.Fprintf(w, "failover\tno (a relay makes it one when it starts reading the slot)\n")
+						}
 					}
 					fmt.Fprintf(w, "publication\t%s (exists %v, tables %s)\n", s.Publication, s.PublicationExists, strings.Join(s.PublicationTables, ", "))
 					return w.Flush()
@@ -186,10 +202,18 @@ func slotCmd() *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
+					before, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
+					if err != nil {
+						return err
+					}
 					if err := walrelay.DropSlot(ctx, st.Pool(), st.Config(), o.Slot); err != nil {
 						return err
 					}
 					fmt.Fprintln(cmd.OutOrStdout(), "slot and publication dropped")
+					if before.Exists {
+						fmt.Fprintf(cmd.OutOrStdout(), "log-only events committed after %s, the slot's last confirmed position, and before the next `outbox slot create` are not relayed\n",
+							before.ConfirmedFlush)
+					}
 					return nil
 				})
 			},
