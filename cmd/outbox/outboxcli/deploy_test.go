@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -552,5 +553,66 @@ func TestSecurityDocGrantsSample(t *testing.T) {
 	}
 	if sample != out.String() {
 		t.Errorf("docs/security.md shows\n%s\n`%s` prints\n%s", sample, cmd, out.String())
+	}
+}
+
+// TestAlertsHaveRunbooks checks that every shipped alert's runbook names a
+// heading of docs/operations.md, and that the slot alerts read gauges the
+// log relay serves.
+func TestAlertsHaveRunbooks(t *testing.T) {
+	rb, err := os.ReadFile("../../../docs/alerts/outbox-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(rb, &rules); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := os.ReadFile("../../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(ops), "\n") {
+		if h, ok := strings.CutPrefix(line, "### "); ok {
+			anchors[strings.ToLower(strings.ReplaceAll(strings.TrimSpace(h), " ", "-"))] = true
+		}
+	}
+	reg := prometheus.NewRegistry()
+	newSlotMetrics(reg)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]bool{}
+	for _, f := range families {
+		served[f.GetName()] = true
+	}
+	slotMetric := regexp.MustCompile(`outbox_slot_[a-z_]+`)
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			_, anchor, ok := strings.Cut(r.Annotations["runbook"], "docs/operations.md#")
+			if !ok || !anchors[anchor] {
+				t.Errorf("alert %s: runbook %q names no heading of docs/operations.md", r.Alert, r.Annotations["runbook"])
+			}
+			for _, m := range slotMetric.FindAllString(r.Expr, -1) {
+				if !served[m] {
+					t.Errorf("alert %s reads %s, which the log relay does not serve", r.Alert, m)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no alerts read from docs/alerts/outbox-rules.yml")
 	}
 }
