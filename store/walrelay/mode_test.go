@@ -46,6 +46,22 @@ func TestMixedModesAreRefused(t *testing.T) {
 	}
 	t1.Release()
 	t2.Release()
+	// Release closes the connections; their sessions end, and free the
+	// lock, a moment later on the server.
+	waitFor(t, 10*time.Second, "the table-mode locks to be freed", func() bool {
+		conn, err := e.pool.Acquire(ctx)
+		if err != nil {
+			return false
+		}
+		defer conn.Release()
+		var free bool
+		key := "outbox table mode " + e.cfg.Schema + "." + e.cfg.Table
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, key).Scan(&free); err != nil || !free {
+			return false
+		}
+		_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, key)
+		return err == nil
+	})
 
 	log := e.start(&recorder{}, e.opts())
 	waitFor(t, 10*time.Second, "the log relay to hold the slot", log.r.Holding)

@@ -70,6 +70,13 @@ func TestFilteredPublicationIsRefused(t *testing.T) {
 	} {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
 			e := newEnv(t)
+			var version int
+			if err := e.pool.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+				t.Fatal(err)
+			}
+			if version < 150000 {
+				t.Skip("row filters and column lists came with PostgreSQL 15: no publication of this server can have one")
+			}
 			e.createSlot()
 			table := pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()
 			if _, err := e.pool.Exec(context.Background(), "ALTER PUBLICATION "+pgx.Identifier{e.slot.Publication}.Sanitize()+" SET TABLE "+table+set); err != nil {
