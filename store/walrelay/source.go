@@ -75,7 +75,10 @@ func (c *claim) dropSent(ctx context.Context) bool {
 		return false
 	}
 	s := c.s
-	done, err := s.r.sql.Dispatched(ctx, s.r.pool, seqs)
+	// Bounded: a server cut off would hold the claim, so the engine.
+	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
+	done, err := s.r.sql.Dispatched(lctx, s.r.pool, seqs)
+	cancel()
 	if err != nil || len(done) == 0 {
 		if err != nil && ctx.Err() == nil {
 			s.r.log.Warn("log relay: rows read again after a takeover are published again: looking up which went out failed", "rows", len(seqs), "error", err)
