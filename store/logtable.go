@@ -181,6 +181,15 @@ func (l *LogTable) MarkDispatched(ctx context.Context, db Querier, seqs []int64)
 	return without(rest, seen), nil
 }
 
+// Dispatched returns those of the rows seqs marked dispatched.
+func (l *LogTable) Dispatched(ctx context.Context, db Querier, seqs []int64) ([]int64, error) {
+	done, err := collect[int64](ctx, db, l.dispatched, seqs)
+	if err != nil {
+		return nil, fmt.Errorf("read rows dispatched: %w", err)
+	}
+	return done, nil
+}
+
 // HandedOffAggregates lists the aggregates with pending handed-off rows.
 func (l *LogTable) HandedOffAggregates(ctx context.Context, db Querier) ([]string, error) {
 	aggs, err := collect[string](ctx, db, l.handedOff)

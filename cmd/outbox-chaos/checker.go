@@ -80,6 +80,13 @@ func (t *tally) account(rep *Report, committed, rolledBack map[string]bool) {
 	}
 }
 
+// duplicates counts the receipts of events received before.
+func (t *tally) duplicates() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.receipts - len(t.seen)
+}
+
 func (t *tally) unique() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -196,6 +196,12 @@ type Report struct {
 	// reading the slot, the time from the fault until another walsender
 	// read it.
 	Takeover map[string][]time.Duration
+	// Rate is the events committed per second of production, and
+	// FaultDuplicates, per fault kind, the duplicates received from each
+	// fault's start until the next one's (the last one's until the end):
+	// divided by Rate, the seconds of traffic a fault sent again.
+	Rate            float64
+	FaultDuplicates map[string][]int
 }
 
 // Err says what is wrong with the figures, or nil.
@@ -280,6 +286,19 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "  %-26s %s\n", f, summarize(ds))
 		}
 	}
+	if r.Rate > 0 && len(r.FaultDuplicates) > 0 {
+		n := 0
+		for _, ds := range r.FaultDuplicates {
+			n += len(ds)
+		}
+		fmt.Fprintf(w, "%-28s\n", fmt.Sprintf("duplicates per fault (seconds of traffic at %.0f events/s; all faults: %.2fs):",
+			r.Rate, float64(r.Duplicates)/float64(max(1, n))/r.Rate))
+		for _, f := range AllFaults {
+			if ds := r.FaultDuplicates[f]; len(ds) > 0 {
+				fmt.Fprintf(w, "  %-26s %s\n", f, r.trafficSeconds(ds))
+			}
+		}
+	}
 	if len(r.Takeover) > 0 {
 		fmt.Fprintf(w, "%-28s\n", "takeover (from the fault on the slot's reader to another reading it):")
 		for _, f := range AllFaults {
@@ -288,6 +307,16 @@ func (r *Report) Print(w io.Writer) {
 			}
 		}
 	}
+}
+
+// trafficSeconds gives the largest and the mean of duplicate counts ds in
+// seconds of traffic.
+func (r *Report) trafficSeconds(ds []int) string {
+	sum, top := 0, 0
+	for _, d := range ds {
+		sum, top = sum+d, max(top, d)
+	}
+	return fmt.Sprintf("max %.2fs, mean %.2fs (%d duplicates over %d)", float64(top)/r.Rate, float64(sum)/float64(len(ds))/r.Rate, sum, len(ds))
 }
 
 // summarize gives the largest and the median of ds.
@@ -478,6 +507,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	prod.more = func() bool { return !faultsOver.Load() }
 	pctx, stopProducers := context.WithCancel(ctx)
 	defer stopProducers()
+	produceStart := time.Now()
 	produced := make(chan struct{})
 	go func() { defer close(produced); prod.run(pctx, o.Producers) }()
 
@@ -487,7 +517,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 
 	f := &faulter{prod: prod, db: db, srv: srv, slots: slots, outage: o.Outage, stall: o.Stall, proxy: proxy,
 		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{},
-		takeover: map[string][]time.Duration{}}
+		takeover: map[string][]time.Duration{}, dups: chk.t.duplicates, faultDups: map[string][]int{}}
 	if o.Mode == "log" {
 		sl, err := walrelay.Slot{}.Resolve(ctx, db.admin, db.cfg)
 		if err != nil {
@@ -506,6 +536,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, ctx.Err()
 	}
 	log.Info("produced; draining", "committed", prod.stats.committed.Load())
+	producing := time.Since(produceStart)
 
 	// Drained: nothing pending and every committed event seen.
 	deadline := time.Now().Add(o.DrainTimeout)
@@ -529,13 +560,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	// Let late redeliveries in, so duplicates are counted, then stop.
 	sleep(ctx, time.Second)
+	f.endWindow()
 	stopRelays()
 	relaysDone.Wait()
 	stopConsumer()
 	consumerDone.Wait()
 
 	rep := &Report{Broker: o.Broker, Mode: o.Mode, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog,
-		Recovery: f.recovery, Takeover: f.takeover}
+		Recovery: f.recovery, Takeover: f.takeover, FaultDuplicates: f.faultDups}
 	for _, s := range slots {
 		rep.RelayExits += s.exitCount()
 		rep.FailedCycles += s.lines.failureCount()
@@ -546,6 +578,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep.Committed = len(committed)
+	rep.Rate = float64(rep.Committed) / producing.Seconds()
 	rep.RolledBack = int(prod.stats.rolledBack.Load())
 	rep.ProducerRetries = prod.stats.retries.Load()
 	rep.UncertainCommits = prod.stats.uncertain.Load()
@@ -616,6 +649,23 @@ type faulter struct {
 	slot     string
 	pending  []pendingTakeover
 	takeover map[string][]time.Duration
+	// dups counts the checker's duplicates so far; faultDups are those of
+	// each fault's window (see Report.FaultDuplicates), the last one's
+	// window still open at window.
+	dups      func() int
+	faultDups map[string][]int
+	window    struct {
+		kind string
+		from int
+	}
+}
+
+// endWindow closes the duplicates window of the last fault applied.
+func (f *faulter) endWindow() {
+	if f.window.kind != "" {
+		f.faultDups[f.window.kind] = append(f.faultDups[f.window.kind], f.dups()-f.window.from)
+		f.window.kind = ""
+	}
 }
 
 // recoveryLimit bounds the wait for the lag to come back under LagSLO.
@@ -627,6 +677,8 @@ func (f *faulter) apply(ctx context.Context, faults []string, gap time.Duration)
 			return ctx.Err()
 		}
 		f.log.Info("fault", "kind", kind)
+		f.endWindow()
+		f.window.kind, f.window.from = kind, f.dups()
 		if err := f.one(ctx, kind); err != nil {
 			return fmt.Errorf("fault %s: %w", kind, err)
 		}

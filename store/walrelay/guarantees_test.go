@@ -213,6 +213,11 @@ func TestCommitOrderWithoutProducerLocks(t *testing.T) {
 	cancel()
 	<-trDone
 
+	// Pending again: the log relay leaves out rows it finds dispatched
+	// (published by a relay that read the slot before).
+	if _, err := e.pool.Exec(context.Background(), "UPDATE "+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+" SET dispatched_at = NULL"); err != nil {
+		t.Fatal(err)
+	}
 	log := &recorder{}
 	e.start(log, e.opts())
 	waitFor(t, 30*time.Second, "the log relay's events", func() bool { return len(log.distinct()) == total })

@@ -403,6 +403,15 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		}
 		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
 	}
+	// Taken once the slot is this session's: whoever read it before is
+	// gone, having read no further.
+	var horizon string
+	if err := r.pool.QueryRow(sctx, "SELECT pg_current_wal_lsn()::text").Scan(&horizon); err != nil {
+		return false, fmt.Errorf("read the server's WAL position: %w", err)
+	}
+	if s.horizon, err = pglogrepl.ParseLSN(horizon); err != nil {
+		return false, fmt.Errorf("read the server's WAL position: %w", err)
+	}
 	// Listed only once the slot is this session's (see asHolder): a
 	// relay that held it before can have handed off events until then.
 	if s.handedOff, err = r.loadHandedOff(sctx); err != nil {
@@ -541,6 +550,10 @@ type stream struct {
 	engine    *core.Relay
 	marks     *marker // marks the published rows of every claim
 
+	// horizon is the end of the server's WAL when this session took the
+	// slot: a relay that read it before read nothing past it.
+	horizon pglogrepl.LSN
+
 	// reader state
 	txn        *txn
 	commitTime time.Time
@@ -612,6 +625,9 @@ type item struct {
 	// over after transient failures; it is not held.
 	retryAt time.Time
 	raw     []byte
+	// maybeSent: a row read from before the session's horizon, which
+	// the relay that read the slot before may have published.
+	maybeSent bool
 }
 
 func (s *stream) run(ctx context.Context) (err error) {
@@ -927,6 +943,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		}
 		it, skip := decodeRow(rel, m.Tuple, s.commitTime, cfg)
 		if !skip {
+			it.maybeSent = x.WALStart <= s.horizon
 			s.dispatch(ctx, it)
 		}
 	case *pglogrepl.LogicalDecodingMessage:

@@ -23,14 +23,25 @@ var (
 	_ core.HandOffer = (*claim)(nil)
 )
 
-// Claim takes up to req.Limit buffered events. The stream keeps each
-// aggregate's order whatever req says.
-func (s *stream) Claim(_ context.Context, req core.ClaimOptions) (core.Claim, error) {
+// Claim takes up to req.Limit buffered events, less the rows published
+// already (dropSent). The stream keeps each aggregate's order whatever
+// req says.
+func (s *stream) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
+	for {
+		c := s.take(req.Limit)
+		if !c.dropSent(ctx) || len(c.items) > 0 {
+			return c, nil
+		}
+	}
+}
+
+// take takes up to limit buffered events.
+func (s *stream) take(limit int) *claim {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := &claim{s: s, bySeq: map[int64]*item{}}
 	n := 0
-	for n < len(s.buffered) && n < req.Limit {
+	for n < len(s.buffered) && n < limit {
 		it := s.buffered[n]
 		if c.bySeq[it.ev.Seq] != nil {
 			// A row's seq equal to a message's position: the claim knows
@@ -43,7 +54,54 @@ func (s *stream) Claim(_ context.Context, req core.ClaimOptions) (core.Claim, er
 	}
 	clear(s.buffered[:n])
 	s.buffered = s.buffered[n:]
-	return c, nil
+	return c
+}
+
+// dropSent leaves out, as done, the rows that a relay reading the slot
+// before this session published and marked dispatched but had not
+// confirmed when it stopped (killed, frozen past wal_sender_timeout, its
+// session failed): the slot gives them again, the table says they went
+// out. Only rows read from before the session's horizon are looked up;
+// when the lookup fails they are published again. It says whether it
+// left any out.
+func (c *claim) dropSent(ctx context.Context) bool {
+	var seqs []int64
+	for _, it := range c.items {
+		if it.row && it.maybeSent {
+			seqs = append(seqs, it.ev.Seq)
+		}
+	}
+	if len(seqs) == 0 {
+		return false
+	}
+	s := c.s
+	// Bounded: a server cut off would hold the claim, so the engine.
+	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
+	done, err := s.r.sql.Dispatched(lctx, s.r.pool, seqs)
+	cancel()
+	if err != nil || len(done) == 0 {
+		if err != nil && ctx.Err() == nil {
+			s.r.log.Warn("log relay: rows read again after a takeover are published again: looking up which went out failed", "rows", len(seqs), "error", err)
+		}
+		return false
+	}
+	sent := make(map[int64]bool, len(done))
+	for _, seq := range done {
+		sent[seq] = true
+	}
+	kept := c.items[:0]
+	for _, it := range c.items {
+		if it.row && it.maybeSent && sent[it.ev.Seq] {
+			delete(c.bySeq, it.ev.Seq)
+			s.finish(it)
+			continue
+		}
+		kept = append(kept, it)
+	}
+	clear(c.items[len(kept):])
+	c.items = kept
+	s.r.log.Debug("log relay: rows read again, published already, left out", "rows", len(done))
+	return true
 }
 
 // claim is a run of events read from the stream.
