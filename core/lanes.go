@@ -197,6 +197,10 @@ func (l *lanes) add(b *batch) bool {
 		if !q.busy && !q.inReady {
 			q.inReady = true
 			l.ready = append(l.ready, q)
+			l.cond.Signal()
+		} else if !l.ordered {
+			// Unordered: every event can go to a lane of its own.
+			l.cond.Signal()
 		}
 	}
 	// Entries no claim still running can be affected by are spent.
@@ -205,7 +209,8 @@ func (l *lanes) add(b *batch) bool {
 			delete(l.cutFrom, key)
 		}
 	}
-	l.cond.Broadcast()
+	// One lane woken per queue made ready (per event unordered): a
+	// broadcast would wake every idle lane to find one event.
 	return b.remaining > 0
 }
 

@@ -370,15 +370,22 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		return r.backoff(ctx, wait, &down)
 	}
 	// Producers wake this relay only while it sleeps (Sleeper): it says
-	// so when a claim finds nothing, claims once more for what committed
-	// before, stays asleep across wake-ups that bring it nothing (other
-	// relays' events), and ends the sleep, in the background, once a
-	// claim finds events.
+	// so when a claim finds nothing, or a few events after one that found
+	// none, claims once more for what committed before, stays asleep
+	// across wake-ups that bring it nothing (other relays' events) or a
+	// trickle's few events, and ends the sleep, in the background, once
+	// claims find events less than streamGap apart.
 	sleeper, _ := r.store.(Sleeper)
 	if _, ok := r.store.(Notifier); !ok || r.opts.DisableWakeups {
 		sleeper = nil
 	}
 	var asleep bool
+	// lastFound: when a claim last found events. A claim that finds a few
+	// with none found for streamGap before is a trickle's: the relay
+	// sleeps (or stays asleep) rather than lingers, for the claim after a
+	// linger would most often find nothing and another would follow the
+	// sleep.
+	var lastFound time.Time
 	var awaking sync.WaitGroup
 	awake := func() {
 		if !asleep {
@@ -411,6 +418,12 @@ func (r *Relay) claimLoop(ctx context.Context) {
 			failures, down = 0, false
 		}
 		next, opened, err := r.claimBatch(ctx)
+		streaming := false
+		if opened {
+			now := time.Now()
+			streaming = now.Sub(lastFound) < streamGap
+			lastFound = now
+		}
 		if !opened {
 			<-r.slots
 		}
@@ -431,14 +444,18 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		case truncated:
 			wait = min(wait, truncatedPause)
 		}
-		if sleeper != nil && next == idle && !opened {
-			// Nothing to claim: sleep, or stay asleep across a wake-up
-			// that brought this relay nothing (another relay's event).
+		if sleeper != nil && next == idle && !streaming {
+			// Nothing to claim, or a trickle's few events: sleep, or
+			// stay asleep across a wake-up that brought this relay
+			// nothing (another relay's event) or only those.
 			if !asleep {
 				awaking.Wait()
 				now, err := sleeper.Sleep(ctx)
 				if err != nil {
 					r.log.Debug("sleep: producers may not wake this relay until the next poll", "error", err)
+					if opened {
+						wait = min(wait, lingerPoll) // events are arriving
+					}
 				} else {
 					asleep = true
 					if now {
@@ -536,11 +553,18 @@ const (
 )
 
 // lingerPoll is the wait after a claim that found events but not a full
-// batch, for a relay whose producers wake it only while it sleeps: short
+// batch, as did a claim less than streamGap before, for a relay whose
+// producers wake it only while it sleeps: short
 // next to a commit-to-delivery goal of milliseconds, long enough that a
 // relay keeping up with a steady stream claims a handful of events at a
 // time.
 const lingerPoll = 2 * time.Millisecond
+
+// streamGap is the longest time between two claims that find events for
+// the events to count as a stream the relay lingers for, rather than a
+// trickle it sleeps through, woken by each producer: over a linger and
+// its claim's round trip, under the 10 ms between events at 100/s.
+const streamGap = 5 * time.Millisecond
 
 // truncatedPause is the wait after a truncated claim: the store left
 // events out because other relays held earlier events of their aggregates

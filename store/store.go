@@ -370,8 +370,10 @@ type claimRead struct {
 func (s *Store) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimRead, error) {
 	defer rows.Close()
 	// Limit comes from the caller: a negative one must reach PostgreSQL as
-	// an error, a huge one must not allocate up front.
-	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 1000))}
+	// an error. Most claims at a steady rate find a few events or none, so
+	// only a few are allocated up front: a claim's full limit, zeroed for
+	// every claim, cost more than the claim itself; append grows it.
+	c := &claim{s: s, events: make([]core.Event, 0, min(max(req.Limit, 0), 16))}
 	var st claimRead
 	var rejectedAggs map[string]bool
 	// One set of scan destinations for the whole claim: taking their

@@ -682,6 +682,8 @@ func (s *stream) run(ctx context.Context) (err error) {
 	}
 
 	confirmAfter := min(o.StatusInterval, confirmEvery)
+	var recv deadline
+	defer recv.stop()
 	lastRecv := time.Now()
 	nextStatus, nextConfirm := time.Now(), time.Now()
 	for {
@@ -756,9 +758,10 @@ func (s *stream) run(ctx context.Context) (err error) {
 			// noticed at the first receive.
 			continue
 		}
-		rctx, rcancel := context.WithDeadline(ctx, wake)
-		msg, err := s.conn.ReceiveMessage(rctx)
-		rcancel()
+		// One deadline per wake time, not per message: at a steady rate
+		// a context and its timer for each of a transaction's messages
+		// were a tenth of the relay's CPU.
+		msg, err := s.conn.ReceiveMessage(recv.until(ctx, wake))
 		if err != nil {
 			if ctx.Err() != nil {
 				// Stopped while waiting for the server: the connection
@@ -1172,4 +1175,28 @@ func (s *stream) sweepHandedOff(ctx context.Context) {
 	}
 	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	s.mu.Unlock()
+}
+
+// deadline is a context with a deadline, made anew only when the
+// deadline changes.
+type deadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	at     time.Time
+}
+
+// until returns a context of parent that ends at at.
+func (d *deadline) until(parent context.Context, at time.Time) context.Context {
+	if d.ctx == nil || !at.Equal(d.at) {
+		d.stop()
+		d.ctx, d.cancel = context.WithDeadline(parent, at)
+		d.at = at
+	}
+	return d.ctx
+}
+
+func (d *deadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
 }
