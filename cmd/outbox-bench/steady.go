@@ -213,7 +213,9 @@ const steadyApp = "outbox-bench-steady"
 func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (steadyRow, error) {
 	row := steadyRow{Kind: c.kind, Path: c.path, Relays: c.relays, Rate: c.rate, Version: v.Label}
 	b.seq++
-	cfg := store.Config{Schema: fmt.Sprintf("bench_steady_%d", b.seq)}
+	// Named per bench process: a relay or slot an earlier, interrupted run
+	// left behind on the same server cannot meet this one.
+	cfg := store.Config{Schema: fmt.Sprintf("bench_steady_%d_%d", os.Getpid(), b.seq)}
 	cfg.NotifyChannel = cfg.Schema
 	q := ident(cfg.Schema)
 	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
