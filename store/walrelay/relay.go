@@ -742,8 +742,12 @@ func (s *stream) run(ctx context.Context) (err error) {
 			}
 			nextConfirm = now.Add(confirmAfter)
 		}
+		// A position moves only while events are in flight (finish marks
+		// the tracker before the count drops, so the count is read
+		// first): an idle reader sleeps until the next status, not
+		// every confirmEvery, and whatever it reads wakes it.
 		wake := nextStatus
-		if nextConfirm.Before(wake) {
+		if nextConfirm.Before(wake) && (s.events.Load() > 0 || s.unconfirmed()) {
 			wake = nextConfirm
 		}
 		if s.full() {
@@ -799,6 +803,12 @@ func (s *stream) run(ctx context.Context) (err error) {
 // each status: what a kill makes the next relay re-send is what was done
 // since the last confirmation.
 const confirmEvery = 100 * time.Millisecond
+
+// unconfirmed says whether the position moved since it was last confirmed.
+func (s *stream) unconfirmed() bool {
+	pos, _ := s.tracker.position()
+	return pos > s.confirmed
+}
 
 // full says whether the in-flight bounds are reached; one event is always
 // let in.
