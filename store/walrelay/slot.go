@@ -536,9 +536,14 @@ FROM pg_replication_slots s WHERE slot_name = $1`, s.Name).Scan(&st.Plugin, &st.
 			st.SafeWALBytes = *safe
 		}
 	}
+	// The tables are named one by one by oid: through
+	// pg_publication_tables the planner, expecting a thousand of them,
+	// hashed the whole of pg_class, which the slot gauges did every ten
+	// seconds (tens of milliseconds on a server with many relations).
 	err = pool.QueryRow(ctx, `
-SELECT true, COALESCE((SELECT array_agg(format('%I.%I', schemaname, tablename) ORDER BY 1)
-                       FROM pg_publication_tables t WHERE t.pubname = p.pubname), '{}')
+SELECT true, COALESCE((SELECT array_agg(name ORDER BY 1) FROM pg_get_publication_tables(p.pubname) t,
+       LATERAL (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE c.oid = t.relid OFFSET 0) AS r(name)), '{}')
 FROM pg_publication p WHERE pubname = $1`, s.Publication).Scan(&st.PublicationExists, &st.PublicationTables)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return st, fmt.Errorf("inspect publication %s: %w", s.Publication, err)
