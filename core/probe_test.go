@@ -191,3 +191,55 @@ func TestPingUnsupportedIsNeitherUpNorDown(t *testing.T) {
 		}
 	}
 }
+
+// hangingPub is pingPub whose publishes of aggregate "slow" hang while the
+// broker is down, until the connection they wait on breaks (broken).
+type hangingPub struct {
+	pingPub
+	broken   chan struct{}
+	slowDone chan struct{} // closed once the slow publish has failed
+}
+
+func (p *hangingPub) Publish(ctx context.Context, e *core.Event) error {
+	if e.AggregateID == "slow" && !p.up.Load() {
+		<-p.broken
+		defer close(p.slowDone)
+		return errors.New("connection reset")
+	}
+	return p.pingPub.Publish(ctx, e)
+}
+
+// A batch that fails in an outage, but whose failure is recorded only as
+// the outage ends (a publish hung on a half-open connection until it
+// broke), has been waited out already: once a probe sees the broker back,
+// the relay resumes, and does not back off again for that batch.
+func TestBatchFailedInTheOutageIsNotWaitedOutTwice(t *testing.T) {
+	s := memstore.New()
+	pub := &hangingPub{broken: make(chan struct{}), slowDone: make(chan struct{})}
+	s.Add(core.Event{AggregateID: "slow"})
+	startRelay(t, s, pub, core.Options{
+		PollInterval:  10 * time.Millisecond,
+		Claimers:      2,
+		ProbeInterval: 20 * time.Millisecond,
+		RetryBackoff:  core.Backoff{Min: time.Microsecond, Max: time.Microsecond},
+		ErrorBackoff:  core.Backoff{Min: 20 * time.Second, Max: 30 * time.Second},
+	})
+	waitFor(t, "the slow publish to hang", func() bool { return len(s.Pending()) == 1 && pub.pings.Load() == 0 })
+	time.Sleep(50 * time.Millisecond)
+	s.Add(core.Event{AggregateID: "a"}) // fails at once: the loop backs off
+	waitFor(t, "a probe to fail", func() bool { return pub.pings.Load() > 0 })
+	close(pub.broken)
+	<-pub.slowDone
+	time.Sleep(20 * time.Millisecond)
+	up := time.Now()
+	pub.up.Store(true)
+	s.Add(core.Event{AggregateID: "b"})
+	deadline := up.Add(2 * time.Second)
+	for len(s.Pending()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events still pending 2s after the broker came back", len(s.Pending()))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("publishing again %v after the broker answered", time.Since(up).Round(time.Millisecond))
+}

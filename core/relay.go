@@ -362,12 +362,12 @@ func (r *Relay) loop(ctx context.Context) {
 // and the queues are short, and backs off after failures.
 func (r *Relay) claimLoop(ctx context.Context) {
 	failures := 0
-	down := false // a probe failed and none has succeeded since
+	var out outage
 	fail := func(err error) bool {
 		failures++
 		wait := r.opts.ErrorBackoff.Delay(failures - 1)
 		r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", failures)
-		return r.backoff(ctx, wait, &down)
+		return r.backoff(ctx, wait, &out)
 	}
 	// Producers wake this relay only while it sleeps (Sleeper): it says
 	// so when a claim finds nothing, or a few events after one that found
@@ -408,14 +408,18 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		}
 		// A batch recorded since the last claim tells how the last round
 		// went: a failure backs the loop off, a success resets the backoff.
-		if ok, err := r.outcomes.take(); err != nil {
+		// A batch that failed before a probe saw the outage end failed in
+		// the outage the loop has waited out already: no second wait.
+		if ok, at, err := r.outcomes.take(); err != nil && at.After(out.over) {
 			<-r.slots
 			if !fail(err) {
 				return
 			}
 			continue
+		} else if err != nil {
+			r.log.Debug("a batch failed before the outage ended", "error", err)
 		} else if ok {
-			failures, down = 0, false
+			failures, out.down = 0, false
 		}
 		next, opened, err := r.claimBatch(ctx)
 		streaming := false
@@ -434,7 +438,7 @@ func (r *Relay) claimLoop(ctx context.Context) {
 			continue
 		}
 		if next == idle && !opened {
-			failures, down = 0, false // the store answered and had nothing
+			failures, out.down = 0, false // the store answered and had nothing
 		}
 		wait := r.opts.PollInterval
 		switch next {
@@ -603,14 +607,20 @@ func (r *Relay) nap(ctx context.Context, d time.Duration) (woken, ok bool) {
 	}
 }
 
+// outage is what the claim loop's probes have seen.
+type outage struct {
+	down bool      // a probe failed and none has succeeded since
+	over time.Time // when a probe last succeeded after one had failed
+}
+
 // backoff waits d after a failed cycle, probing the store and the
 // publisher every ProbeInterval. It returns early, true, when a probe
-// succeeds after one had failed (*down carries that across waits, so a
+// succeeds after one had failed (o.down carries that across waits, so a
 // server that came back between two waits still counts): the failure was
-// an outage and it is over. A failure with every server answering gets
-// the whole wait, so a batch that fails for other reasons cannot spin.
-// False means stop.
-func (r *Relay) backoff(ctx context.Context, d time.Duration, down *bool) bool {
+// an outage and it is over (o.over). A failure with every server
+// answering gets the whole wait, so a batch that fails for other reasons
+// cannot spin. False means stop.
+func (r *Relay) backoff(ctx context.Context, d time.Duration, o *outage) bool {
 	if len(r.pingers) == 0 {
 		return r.sleep(ctx, d)
 	}
@@ -645,14 +655,14 @@ func (r *Relay) backoff(ctx context.Context, d time.Duration, down *bool) bool {
 		case err := <-result:
 			result = nil
 			if err != nil {
-				if !*down {
+				if !o.down {
 					r.log.Warn("probe failed; resuming as soon as it succeeds", "error", err)
 				}
-				*down = true
+				o.down = true
 				continue
 			}
-			if *down {
-				*down = false
+			if o.down {
+				o.down, o.over = false, time.Now()
 				r.log.Info("probe succeeded; resuming")
 				return true
 			}
@@ -903,7 +913,7 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	defer r.lanes.signal()
 	if err != nil {
 		r.obs.Errored("complete", err)
-		r.outcomes.put(fmt.Errorf("complete batch of %d: %w", len(b.events)+len(b.rejected), err))
+		r.outcomes.put(fmt.Errorf("complete batch of %d: %w", len(b.events)+len(b.rejected), err), time.Now())
 		return
 	}
 	r.obs.Completed(len(done), len(failed)+handedOff, time.Since(start))
@@ -917,37 +927,43 @@ func (r *Relay) complete(ctx context.Context, b *batch) {
 	// down. Back off the loop rather than hammering the broker and the
 	// database. Held or undeliverable events alone mean the broker answered.
 	if len(done) == 0 && brokerFailed {
-		r.outcomes.put(fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason))
+		r.outcomes.put(fmt.Errorf("publish batch: all %d attempted events failed, first: %s", len(failed), failed[0].Reason), now)
 		return
 	}
-	r.outcomes.put(nil)
+	r.outcomes.put(nil, now)
 }
 
 // outcomes collects how recorded batches went, for the claim loop.
 type outcomes struct {
 	mu  sync.Mutex
-	err error // the first failure since the last take
-	ok  bool  // a batch was recorded without failing since the last take
+	err error     // the first failure since the last take
+	at  time.Time // when the last of those failures happened
+	ok  bool      // a batch was recorded without failing since the last take
 }
 
-func (o *outcomes) put(err error) {
+// put records how a batch went; at is when it failed (its last event's
+// failure).
+func (o *outcomes) put(err error, at time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if err == nil {
+	switch {
+	case err == nil:
 		o.ok = true
-	} else if o.err == nil {
-		o.err = err
+	case o.err == nil:
+		o.err, o.at = err, at
+	case at.After(o.at):
+		o.at = at
 	}
 }
 
-// take returns and clears the first failure, and whether a batch was
-// recorded without one.
-func (o *outcomes) take() (ok bool, err error) {
+// take returns and clears the first failure, when the last failure
+// happened, and whether a batch was recorded without one.
+func (o *outcomes) take() (ok bool, at time.Time, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	ok, err = o.ok, o.err
-	o.err, o.ok = nil, false
-	return ok, err
+	ok, at, err = o.ok, o.at, o.err
+	o.err, o.ok, o.at = nil, false, time.Time{}
+	return ok, at, err
 }
 
 func rejectedOf(c Claim) []Rejection {

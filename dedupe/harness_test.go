@@ -91,7 +91,10 @@ func (keepOpenSub) Close() error { return nil }
 
 func newAMQPBroker(t *testing.T) *testBroker {
 	url := os.Getenv("OUTBOX_TEST_AMQP_URL")
-	if url == "" || url == "none" {
+	if url == "none" { // left out on purpose, as by make test-pg
+		t.Skip("OUTBOX_TEST_AMQP_URL is none: the RabbitMQ cases are left out")
+	}
+	if url == "" {
 		if os.Getenv("CI") != "" {
 			t.Fatal("OUTBOX_TEST_AMQP_URL is not set; run the tests under scripts/services.sh")
 		}

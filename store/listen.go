@@ -290,8 +290,12 @@ func (s *Store) cancelWait(ctx context.Context) {
 		// failover between them), where its process id names another
 		// session.
 		var sent bool
-		err := s.pool.QueryRow(ctx, "SELECT CASE WHEN pg_postmaster_start_time() = $2 THEN pg_cancel_backend($1) ELSE false END",
+		// Bounded: a pool whose connections are all taken (claims held
+		// open by hanging publishes) must not hold the sleeper up.
+		qctx, cancel := context.WithDeadline(ctx, deadline)
+		err := s.pool.QueryRow(qctx, "SELECT CASE WHEN pg_postmaster_start_time() = $2 THEN pg_cancel_backend($1) ELSE false END",
 			w.backend.pid, w.backend.started).Scan(&sent)
+		cancel()
 		if err != nil || !sent || time.Now().After(deadline) {
 			s.log.Debug("the wake-up lock's wait did not end on cancel; closing its connection", "error", err)
 			w.wait.cancel()

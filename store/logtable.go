@@ -50,9 +50,11 @@ func NewLogTable(cfg Config) (*LogTable, error) {
 ON CONFLICT (one) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,
     confirmed_lsn = CASE WHEN s.slot_name = excluded.slot_name THEN s.confirmed_lsn END
 WHERE (s.slot_name, s.publication) IS DISTINCT FROM (excluded.slot_name, excluded.publication)`,
-		forgetSlot:      `DELETE FROM ` + n.LogSlot + ` WHERE slot_name = $1`,
-		recordPosition:  `UPDATE ` + n.LogSlot + ` SET confirmed_lsn = $2::text::pg_lsn WHERE slot_name = $1 AND (confirmed_lsn IS NULL OR confirmed_lsn < $2::text::pg_lsn)`,
-		position:        `SELECT confirmed_lsn::text FROM ` + n.LogSlot + ` WHERE slot_name = $1`,
+		forgetSlot:     `DELETE FROM ` + n.LogSlot + ` WHERE slot_name = $1`,
+		recordPosition: `UPDATE ` + n.LogSlot + ` SET confirmed_lsn = $2::text::pg_lsn WHERE slot_name = $1 AND (confirmed_lsn IS NULL OR confirmed_lsn < $2::text::pg_lsn)`,
+		// A position past the server's WAL is not this cluster's (the row came
+		// with a dump or a copy of another): it is no position at all.
+		position:        `SELECT CASE WHEN confirmed_lsn <= pg_current_wal_lsn() THEN confirmed_lsn::text END FROM ` + n.LogSlot + ` WHERE slot_name = $1`,
 		unhanded:        `SELECT COALESCE(array_agg(seq ORDER BY seq), '{}') FROM ` + t + ` WHERE dispatched_at IS NULL AND handoff_at IS NULL`,
 		handOffUnhanded: `UPDATE ` + t + ` SET handoff_at = now() WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`,
 		// The claim's mark, made safe to repeat: the log relay marks rows

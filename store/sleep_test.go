@@ -159,6 +159,16 @@ func TestProducersWakeOnlyASleepingRelay(t *testing.T) {
 	if now, err := in.s.Sleep(ctx); err != nil || now {
 		t.Fatalf("sleep beside an open producer: now %v, error %v; want a waiting request", now, err)
 	}
+	// Sleep returns before its request reaches the server; producers
+	// notify from the moment it waits there.
+	waitFor(t, "the sleep's lock request to wait on the server", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted
+  AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0))`,
+			"outbox-wake:"+in.cfg.Schema+"."+in.cfg.Table).Scan(&waiting)
+		return err == nil && waiting
+	})
 	other, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
 		t.Fatal(err)

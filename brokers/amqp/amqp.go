@@ -491,7 +491,10 @@ func (c *confirmChannel) publish(exchange, key string, p amqp091.Publishing) err
 		return c.why(errors.New("channel closed before the broker confirmed the message"))
 	}
 	select {
-	case r := <-c.returns:
+	case r, ok := <-c.returns:
+		if !ok { // closed with the channel: no return came
+			break
+		}
 		return core.Undeliverable(fmt.Errorf("returned by the broker (%d %s): exchange %s, routing key %s: %w; bind a queue to it, or set topic_queues",
 			r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey, ErrNoQueue))
 	default:

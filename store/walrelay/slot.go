@@ -307,7 +307,8 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 			return c, fmt.Errorf("create slot: %w", lostError(st))
 		}
 		if st.FailoverCapable && !st.Failover && !st.Active {
-			if err := makeFailover(ctx, pool, s.Name); err != nil {
+			// A relay that took the slot meanwhile makes it one itself.
+			if err := makeFailover(ctx, pool, s.Name); err != nil && !errors.Is(err, ErrSlotBusy) {
 				return c, err
 			}
 		}
@@ -342,6 +343,12 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	// before the copy leaves no slot, so the next attempt starts over; a
 	// permanent slot made first would strand those rows if the process
 	// died before handing them over.
+	// A record of a slot of this name that does not exist (dropped by
+	// other means, or copied with the table from another cluster) carries
+	// another slot's position: it goes before this slot is made.
+	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
+		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
 	tmp := fmt.Sprintf("outbox_creating_%d", repl.PID())
 	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, tmp, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
