@@ -8,7 +8,9 @@
 #   OUTBOX_TEST_PG_BIN        names a folder of PostgreSQL server binaries (initdb, pg_ctl, postgres)
 # With OUTBOX_SERVICES_ENV set to a file name, the variables are also written
 # there (for a shell that keeps servers running: scripts/services.sh sleep 3600 &).
-# Missing server packages are installed with apt-get when running as root.
+# Missing server packages are installed with apt-get when running as root,
+# and a system user postgres is created where none exists (the server will
+# not run as root).
 # A throwaway PostgreSQL runs with fsync off, which is fine for tests; with
 # --durable it keeps production durability (fsync, synchronous_commit and
 # full_page_writes on, as PostgreSQL ships), for benchmarks; then

@@ -49,7 +49,7 @@ type config struct {
 
 	// The steady section.
 	SteadyRun     time.Duration // length of one steady-state run
-	BaselineRev   string        // the previous release's commit, built for the steady rows; empty: none
+	BaselineRev   string        // the previous release's commit, built for the steady rows; empty or "none": none
 	SteadyProfile string        // directory for CPU profiles and SQL costs of this build's steady rows
 	SteadyRows    string        // steady section: entries separated by commas; a row runs when its name holds every word of one; empty: all
 
