@@ -9,9 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store/walrelay"
 )
@@ -28,28 +26,7 @@ const shutdownBound = 10 * time.Second
 func privateEnv(t *testing.T) (*env, *pgtest.Server) {
 	t.Helper()
 	srv := pgtest.Private(t, nil)
-	pool := srv.Pool(t)
-	ctx := context.Background()
-	cfg, err := store.Config{Schema: "outbox_shutdown"}.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
-		t.Fatal(err)
-	}
-	slot, err := walrelay.Slot{}.Resolve(ctx, pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, pool: pool, cfg: cfg, slot: slot}
-	if e.rows, err = outbox.NewWriter(outbox.WriterOptions{Store: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	if e.log, err = outbox.NewLogWriter(outbox.WriterOptions{Store: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	e.createSlot()
-	return e, srv
+	return privateOutbox(t, srv.Pool(t), "outbox_shutdown"), srv
 }
 
 // stopFast stops the server with pg_ctl stop -m fast and fails the test

@@ -37,6 +37,18 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	pgtest.Logical(t)
 	pool, cfg := pgtest.Schema(t)
+	e := outboxOn(t, pool, cfg)
+	// Registered before the schema's cleanup runs (cleanups run last
+	// first), so the slot goes before its table; a slot left behind
+	// would hold the shared server's WAL.
+	t.Cleanup(func() { e.dropSlot() })
+	return e
+}
+
+// outboxOn is an env for the migrated outbox cfg names on pool: its slot
+// resolved, not created, and its writers.
+func outboxOn(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *env {
+	t.Helper()
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -52,10 +64,19 @@ func newEnv(t *testing.T) *env {
 	if e.log, err = outbox.NewLogWriter(outbox.WriterOptions{Store: cfg}); err != nil {
 		t.Fatal(err)
 	}
-	// Registered before the schema's cleanup runs (cleanups run last
-	// first), so the slot goes before its table; a slot left behind
-	// would hold the shared server's WAL.
-	t.Cleanup(func() { e.dropSlot() })
+	return e
+}
+
+// privateOutbox migrates an outbox in schema on pool, a server of the
+// test's own, and makes its slot.
+func privateOutbox(t *testing.T, pool *pgxpool.Pool, schema string) *env {
+	t.Helper()
+	cfg := store.Config{Schema: schema}
+	if _, err := store.Migrate(context.Background(), pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e := outboxOn(t, pool, cfg)
+	e.createSlot()
 	return e
 }
 

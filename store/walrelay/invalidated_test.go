@@ -51,21 +51,8 @@ func TestInvalidatedSlotIsReported(t *testing.T) {
 	// setUp makes an outbox and its slot.
 	setUp := func(schema string) (store.Config, walrelay.Slot) {
 		t.Helper()
-		cfg, err := store.Config{Schema: schema}.WithDefaults()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Migrate(ctx, pool, cfg); err != nil {
-			t.Fatal(err)
-		}
-		slot, err := walrelay.Slot{}.Resolve(ctx, pool, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := walrelay.CreateSlot(ctx, pool, cfg, slot); err != nil {
-			t.Fatal(err)
-		}
-		return cfg, slot
+		e := privateOutbox(t, pool, schema)
+		return e.cfg, e.slot
 	}
 	// lost waits for the server to invalidate the slot at a checkpoint,
 	// while more is written, and checks what Inspect and a relay say.

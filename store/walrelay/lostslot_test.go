@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/pgtest"
 	"github.com/outboxhq/outbox/store/walrelay"
 )
@@ -16,21 +15,8 @@ func TestLogOnlyWriteRefusedOnAnInvalidatedSlot(t *testing.T) {
 	srv := pgtest.Private(t, map[string]string{"max_slot_wal_keep_size": "'1MB'"})
 	pool := srv.Pool(t)
 	ctx := context.Background()
-	cfg, err := store.Config{Schema: "outbox_lost"}.WithDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
-		t.Fatal(err)
-	}
-	slot, err := walrelay.Slot{}.Resolve(ctx, pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := walrelay.CreateSlot(ctx, pool, cfg, slot); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, pool: pool, cfg: cfg, slot: slot}
+	e := privateOutbox(t, pool, "outbox_lost")
+	cfg, slot := e.cfg, e.slot
 	if !e.logOnlyAccepted(pool) {
 		t.Fatal("log-only write refused with a valid slot")
 	}
