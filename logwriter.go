@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/outboxhq/outbox/event"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // LogWriter writes events into PostgreSQL's write-ahead log only, with

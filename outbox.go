@@ -27,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/outboxhq/outbox/event"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/store"
 )
 

@@ -18,8 +18,9 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 const orderID = "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"
@@ -231,8 +232,8 @@ func TestValidationErrors(t *testing.T) {
 		{"topic with a space", with(func(m *outbox.Message) { m.Topic = "my topic" }), "topic"},
 		{"topic over 255 bytes", with(func(m *outbox.Message) { m.Topic = strings.Repeat("t", 256) }), "topic"},
 		{"deliver_at out of range", with(func(m *outbox.Message) { m.DeliverAt = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) }), "deliver_at"},
-		{"reserved header content-type", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderContentType: "x"} }), "headers"},
-		{"reserved header event_seq", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderEventSeq: "1"} }), "headers"},
+		{"reserved header content-type", with(func(m *outbox.Message) { m.Headers = map[string]string{event.HeaderContentType: "x"} }), "headers"},
+		{"reserved header event_seq", with(func(m *outbox.Message) { m.Headers = map[string]string{event.HeaderEventSeq: "1"} }), "headers"},
 		{"empty type", with(func(m *outbox.Message) { m.Type = "" }), "type"},
 		{"blank type", with(func(m *outbox.Message) { m.Type = " \t" }), "type"},
 		{"control character in type", with(func(m *outbox.Message) { m.Type = "order\nplaced" }), "type"},
@@ -244,10 +245,10 @@ func TestValidationErrors(t *testing.T) {
 		{"payload not serializable", with(func(m *outbox.Message) { m.Payload = func() {} }), "payload"},
 		{"payload not utf-8", with(func(m *outbox.Message) { m.Payload = []byte("\"\xff\"") }), "payload"},
 		{"payload over the limit", with(func(m *outbox.Message) { m.Payload = map[string]string{"a": strings.Repeat("x", 64)} }), "payload"},
-		{"reserved header event_uid", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderEventUID: "x"} }), "headers"},
-		{"reserved header event_id", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderEventID: "x"} }), "headers"},
-		{"reserved header type", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderType: "x"} }), "headers"},
-		{"reserved header aggregate_id", with(func(m *outbox.Message) { m.Headers = map[string]string{core.HeaderAggregateID: "x"} }), "headers"},
+		{"reserved header event_uid", with(func(m *outbox.Message) { m.Headers = map[string]string{event.HeaderEventUID: "x"} }), "headers"},
+		{"reserved header event_id", with(func(m *outbox.Message) { m.Headers = map[string]string{event.HeaderEventID: "x"} }), "headers"},
+		{"reserved header type", with(func(m *outbox.Message) { m.Headers = map[string]string{event.HeaderType: "x"} }), "headers"},
+		{"reserved header aggregate_id", with(func(m *outbox.Message) { m.Headers = map[string]string{event.HeaderAggregateID: "x"} }), "headers"},
 		{"empty header name", with(func(m *outbox.Message) { m.Headers = map[string]string{"": "x"} }), "headers"},
 		{"NUL in header", with(func(m *outbox.Message) { m.Headers = map[string]string{"k": "a\x00b"} }), "headers"},
 		{"id not a uuid", with(func(m *outbox.Message) { m.ID = "abc" }), "id"},

@@ -3,11 +3,11 @@
 //
 // The package owns the two small interfaces it consumes and imports no
 // database or broker library, so the engine can be tested with the in-memory
-// store in package memstore and driven by any storage or broker adapter.
+// store in package internal/memsource and driven by any storage or broker adapter.
 //
 // Two sources run on it: the outbox table (package store), whose claims
 // leave an unpublished event pending to be offered again, and the
-// replication stream (package store/walrelay), whose claims cannot offer
+// replication stream (package store/logrelay), whose claims cannot offer
 // an event again and hand it off instead (HandOffer). Optional
 // capabilities of a Store (Notifier, Sleeper, Pinger, BacklogReader) and
 // of a Claim (Truncated, Rejecter, HandOffer) add what a source can do.

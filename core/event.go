@@ -3,25 +3,7 @@ package core
 import (
 	"context"
 	"errors"
-	"regexp"
-	"strings"
 	"time"
-)
-
-// Header names the relay sets on every published message: the contract
-// between the relay and its consumers. Package event, which holds the
-// producers' rules, refuses them as producer headers.
-const (
-	HeaderEventID     = "event_id"     // the event's identity, unique across outboxes; consumers dedupe on it
-	HeaderEventSeq    = "event_seq"    // the event's position in its outbox table
-	HeaderType        = "type"         // event type, such as "order.placed"
-	HeaderAggregateID = "aggregate_id" // ordering and partition key
-	HeaderContentType = "content-type" // the payload's media type; also in each broker's own place for it
-
-	// HeaderEventUID carries the event id too, under the name releases
-	// before migration 5 used, for consumers that still read it. Those
-	// releases put the row position in event_id.
-	HeaderEventUID = "event_uid"
 )
 
 // Event is one row of the outbox as the relay sees it.
@@ -38,27 +20,9 @@ type Event struct {
 	Attempts    int // failed publish attempts so far
 }
 
-// ContentTypeJSON is the content type of an event that names none.
-const ContentTypeJSON = "application/json"
-
-// jsonType matches the media types whose payloads are JSON.
-var jsonType = regexp.MustCompile(`^(application/json|[^/]+/[^/]+\+json)$`)
-
-// IsJSON reports whether content type ct is JSON: empty (the default,
-// application/json), application/json, or any type ending in +json, with
-// or without parameters. Such payloads must be valid JSON and are stored
-// in the payload column; all others are bytes, passed on as they are.
-func IsJSON(ct string) bool {
-	if ct == "" {
-		return true
-	}
-	mt, _, _ := strings.Cut(ct, ";")
-	return jsonType.MatchString(strings.ToLower(strings.TrimSpace(mt)))
-}
-
-// Store is where the relay finds committed events. Implementations must make
+// Source is where the relay finds committed events. Implementations must make
 // concurrent claims disjoint: no event is in two open claims at once.
-type Store interface {
+type Source interface {
 	// Claim takes up to req.Limit pending events in id order and holds them
 	// until the returned Claim is completed or released. An empty claim is
 	// valid. In ordered mode the store returns an event only when every

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // printer is a Publisher that prints what it publishes.
@@ -21,7 +21,7 @@ func (p printer) Publish(ctx context.Context, e *core.Event) error {
 func (printer) Close() error { return nil }
 
 func Example() {
-	s := memstore.New()
+	s := memsource.New()
 	s.Add(
 		core.Event{AggregateID: "order-1", Type: "order.placed", Payload: []byte(`{"total":42}`)},
 		core.Event{AggregateID: "order-1", Type: "order.paid", Payload: []byte(`{}`)},

@@ -7,13 +7,13 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // truncatingStore reports every claim as cut short by other relays, as the
 // PostgreSQL store does when its gate holds events back.
 type truncatingStore struct {
-	core.Store
+	core.Source
 	claims atomic.Int64
 }
 
@@ -23,7 +23,7 @@ func (truncatedClaim) Truncated() bool { return true }
 
 func (s *truncatingStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	s.claims.Add(1)
-	c, err := s.Store.Claim(ctx, req)
+	c, err := s.Source.Claim(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -34,7 +34,7 @@ func (s *truncatingStore) Claim(ctx context.Context, req core.ClaimOptions) (cor
 // comes back within tens of milliseconds, not after its poll interval, yet
 // does not spin.
 func TestTruncatedClaimComesBackSoon(t *testing.T) {
-	st := &truncatingStore{Store: memstore.New()}
+	st := &truncatingStore{Source: memsource.New()}
 	startRelay(t, st, pubFunc(func(context.Context, *core.Event) error { return nil }),
 		core.Options{PollInterval: time.Hour, DisableWakeups: true})
 	time.Sleep(500 * time.Millisecond)

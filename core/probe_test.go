@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // pingPub is a publisher whose broker is up or down, and which answers
@@ -41,7 +41,7 @@ func (p *pingPub) Close() error { return nil }
 // After an outage long enough to grow the error backoff, the relay
 // publishes again within 2s of the broker answering, not after the backoff.
 func TestResumesSoonAfterBrokerReturns(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	pub := &pingPub{}
 	s.Add(core.Event{AggregateID: "a"})
 	startRelay(t, s, pub, core.Options{
@@ -66,9 +66,9 @@ func TestResumesSoonAfterBrokerReturns(t *testing.T) {
 // A batch that fails while every ping succeeds (the broker answers but
 // refuses) keeps its whole backoff: probing must not make the loop spin.
 func TestProbeKeepsBackoffWhileServersAnswer(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	s.Add(core.Event{AggregateID: "a"})
-	cs := &countingStore{Store: s}
+	cs := &countingStore{Source: s}
 	pub := &refusing{}
 	startRelay(t, cs, pub, core.Options{
 		PollInterval: time.Millisecond, Claimers: 1, // one loop's backoff is counted
@@ -90,7 +90,7 @@ func TestProbeKeepsBackoffWhileServersAnswer(t *testing.T) {
 // retried on their own backoff; they do not back the loop off as from a
 // broker that is down, so other events go out as they come.
 func TestUndeliverableDoesNotBackOffTheLoop(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	unrouted := s.Add(core.Event{AggregateID: "unrouted"})[0]
 	obs := &observer{}
 	var sent log
@@ -129,7 +129,7 @@ func (p *refusing) Close() error                               { return nil }
 
 // pingStore is a store that can be pinged, down until up is set.
 type pingStore struct {
-	*memstore.Store
+	*memsource.Store
 	up atomic.Bool
 }
 
@@ -143,7 +143,7 @@ func (s *pingStore) Ping(context.Context) error {
 // The store is probed too: the relay resumes soon after the database
 // returns.
 func TestResumesSoonAfterStoreReturns(t *testing.T) {
-	ms := memstore.New()
+	ms := memsource.New()
 	ms.SetClaimErr(errors.New("connection refused"))
 	s := &pingStore{Store: ms}
 	var published log
@@ -180,7 +180,7 @@ func (p *cannotPing) Close() error { return nil }
 // A Ping that cannot ask (errors.ErrUnsupported) is no check in Ready and
 // does not hold the relay back as a failed probe would.
 func TestPingUnsupportedIsNeitherUpNorDown(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	pub := &cannotPing{}
 	r := startRelay(t, s, pub, core.Options{PollInterval: 10 * time.Millisecond})
 	s.Add(core.Event{AggregateID: "a"})
@@ -214,7 +214,7 @@ func (p *hangingPub) Publish(ctx context.Context, e *core.Event) error {
 // broke), has been waited out already: once a probe sees the broker back,
 // the relay resumes, and does not back off again for that batch.
 func TestBatchFailedInTheOutageIsNotWaitedOutTwice(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	pub := &hangingPub{broken: make(chan struct{}), slowDone: make(chan struct{})}
 	s.Add(core.Event{AggregateID: "slow"})
 	startRelay(t, s, pub, core.Options{

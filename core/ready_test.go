@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 func readyErrs(r *core.Relay) map[string]error {
@@ -20,7 +20,7 @@ func readyErrs(r *core.Relay) map[string]error {
 func TestReadyChecksPublisherAndProgress(t *testing.T) {
 	pub := &pingPub{}
 	pub.up.Store(true)
-	r, err := core.New(memstore.New(), pub, core.Options{PollInterval: 10 * time.Millisecond})
+	r, err := core.New(memsource.New(), pub, core.Options{PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

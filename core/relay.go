@@ -152,7 +152,7 @@ func (o Options) WithDefaults() (Options, error) {
 
 // Relay moves events from a Store to a Publisher.
 type Relay struct {
-	store   Store
+	store   Source
 	pub     Publisher
 	opts    Options
 	log     *slog.Logger
@@ -192,7 +192,7 @@ type Relay struct {
 }
 
 // New returns a relay; it does not start it.
-func New(store Store, pub Publisher, opts Options) (*Relay, error) {
+func New(store Source, pub Publisher, opts Options) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("new relay: store is nil")
 	}

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -52,16 +52,16 @@ func (l *log) has(id int64) bool { return slices.Contains(l.ids(), id) }
 
 // countingStore counts claims made through it.
 type countingStore struct {
-	core.Store
+	core.Source
 	claims atomic.Int64
 }
 
 func (s *countingStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	s.claims.Add(1)
-	return s.Store.Claim(ctx, req)
+	return s.Source.Claim(ctx, req)
 }
 
-func startRelay(t *testing.T, s core.Store, p core.Publisher, o core.Options) *core.Relay {
+func startRelay(t *testing.T, s core.Source, p core.Publisher, o core.Options) *core.Relay {
 	t.Helper()
 	r, err := core.New(s, p, o)
 	if err != nil {
@@ -91,9 +91,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func drained(s *memstore.Store) func() bool { return func() bool { return len(s.Pending()) == 0 } }
+func drained(s *memsource.Store) func() bool { return func() bool { return len(s.Pending()) == 0 } }
 
-func addInterleaved(s *memstore.Store, aggregates, perAggregate int) map[int64]string {
+func addInterleaved(s *memsource.Store, aggregates, perAggregate int) map[int64]string {
 	aggOf := make(map[int64]string)
 	for i := range perAggregate {
 		for a := range aggregates {
@@ -117,7 +117,7 @@ func TestClaimersKeepAggregateOrder(t *testing.T) {
 
 func checkAggregateOrder(t *testing.T, o core.Options) {
 	t.Helper()
-	s := memstore.New()
+	s := memsource.New()
 	aggOf := addInterleaved(s, 20, 30)
 	var (
 		published log
@@ -170,7 +170,7 @@ func checkAggregateOrder(t *testing.T, o core.Options) {
 }
 
 func TestUnorderedPublishesEverything(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	aggOf := addInterleaved(s, 3, 100)
 	var published log
 	var busy, maxBusy atomic.Int64
@@ -198,7 +198,7 @@ func TestUnorderedPublishesEverything(t *testing.T) {
 }
 
 func TestTransientFailureRetriedWithBackoff(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	x := s.Add(
 		core.Event{AggregateID: "x"}, core.Event{AggregateID: "y"}, core.Event{AggregateID: "x"},
 		core.Event{AggregateID: "y"}, core.Event{AggregateID: "x"},
@@ -254,7 +254,7 @@ func TestTransientFailureRetriedWithBackoff(t *testing.T) {
 }
 
 func TestPermanentFailureHoldsOnlyItsAggregate(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	ids := s.Add(
 		core.Event{AggregateID: "x"}, core.Event{AggregateID: "x"}, core.Event{AggregateID: "y"},
 		core.Event{AggregateID: "x"}, core.Event{AggregateID: "y"},
@@ -306,11 +306,11 @@ func (o *observer) Errored(string, error)                       { o.errored.Add(
 func (o *observer) Rejected(*core.Event, error)                 { o.rejected.Add(1) }
 
 func TestBrokerDownBacksOff(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	for range 5 {
 		s.Add(core.Event{AggregateID: fmt.Sprint(rand.N(1000))})
 	}
-	cs := &countingStore{Store: s}
+	cs := &countingStore{Source: s}
 	var up atomic.Bool
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
@@ -348,9 +348,9 @@ func TestBrokerDownBacksOff(t *testing.T) {
 }
 
 func TestStoreDownBacksOff(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	s.SetClaimErr(errors.New("connection refused"))
-	cs := &countingStore{Store: s}
+	cs := &countingStore{Source: s}
 	obs := &observer{}
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
@@ -384,7 +384,7 @@ func TestStoreDownBacksOff(t *testing.T) {
 }
 
 func TestStopFinishesInFlightBatch(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
 	entered := make(chan struct{}, 2)
 	release := make(chan struct{})
@@ -427,7 +427,7 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 }
 
 func TestStopWithExpiredContextCancelsPublishes(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	ids := s.Add(core.Event{AggregateID: "fast"}, core.Event{AggregateID: "slow"})
 	slowEntered := make(chan struct{})
 	var cancelled atomic.Bool
@@ -468,7 +468,7 @@ func TestStopWithExpiredContextCancelsPublishes(t *testing.T) {
 }
 
 func TestRunReturnsOnCancel(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
 	r, err := core.New(s, pub, core.Options{PollInterval: time.Hour})
@@ -496,7 +496,7 @@ func TestRunReturnsOnCancel(t *testing.T) {
 }
 
 func TestWakeShortensPoll(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
 	obs := &observer{}
@@ -510,7 +510,7 @@ func TestWakeShortensPoll(t *testing.T) {
 }
 
 func TestStopBeforeStart(t *testing.T) {
-	r, err := core.New(memstore.New(), pubFunc(func(context.Context, *core.Event) error { return nil }), core.Options{})
+	r, err := core.New(memsource.New(), pubFunc(func(context.Context, *core.Event) error { return nil }), core.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestStopBeforeStart(t *testing.T) {
 }
 
 func TestOptionsValidation(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	pub := pubFunc(func(context.Context, *core.Event) error { return nil })
 	for _, tc := range []struct {
 		field string
@@ -576,7 +576,7 @@ func TestBackoffDelay(t *testing.T) {
 // A batch whose only events the broker rejected for good shows that the
 // broker is up: the loop must not back off as if it were down.
 func TestPermanentRejectionIsNotBrokerDown(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	poison := s.Add(core.Event{AggregateID: "x", Type: "too.large"})[0]
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
@@ -599,7 +599,7 @@ func TestPermanentRejectionIsNotBrokerDown(t *testing.T) {
 // Options reports the effective values, defaults filled in, so that code
 // built around a relay (a readiness check, a log line) reads them once.
 func TestOptionsHaveDefaults(t *testing.T) {
-	r, err := core.New(memstore.New(), pubFunc(func(context.Context, *core.Event) error { return nil }), core.Options{Lanes: 3})
+	r, err := core.New(memsource.New(), pubFunc(func(context.Context, *core.Event) error { return nil }), core.Options{Lanes: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -616,7 +616,7 @@ func TestOptionsHaveDefaults(t *testing.T) {
 // context: a publish that hangs is cut with the deadline's error, and the
 // lane's next publish, the retry, gets a live context.
 func TestRelayCutsAHungPublishAndRetriesIt(t *testing.T) {
-	s := memstore.New()
+	s := memsource.New()
 	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "a"})
 	var (
 		mu   sync.Mutex

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // partStore is a store whose relay claims from part of the ordered work,
@@ -36,9 +36,9 @@ func (s *partStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Clai
 	return c, err
 }
 
-func newPartStore(part float64) (*partStore, *memstore.Store) {
-	ms := memstore.New()
-	return &partStore{gatedStore: &gatedStore{Store: ms}, part: part, shared: make(chan struct{})}, ms
+func newPartStore(part float64) (*partStore, *memsource.Store) {
+	ms := memsource.New()
+	return &partStore{gatedStore: &gatedStore{Source: ms}, part: part, shared: make(chan struct{})}, ms
 }
 
 // A relay with a quarter of the work opens a quarter of its claims: one

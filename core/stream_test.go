@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // gatedStore holds every Complete until released, and counts claims and
 // the claims made while an earlier one was still open.
 type gatedStore struct {
-	core.Store
+	core.Source
 	release    chan struct{}
 	claims     atomic.Int64
 	open       atomic.Int64
@@ -26,7 +26,7 @@ type gatedStore struct {
 }
 
 func (s *gatedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
-	c, err := s.Store.Claim(ctx, req)
+	c, err := s.Source.Claim(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -80,11 +80,11 @@ func holding(published *log, release <-chan struct{}, hold func(*core.Event) boo
 // the first claim's Complete is held, the next claims are made and their
 // events published.
 func TestPublishingDoesNotWaitForRecording(t *testing.T) {
-	ms := memstore.New()
+	ms := memsource.New()
 	for i := range 30 {
 		ms.Add(core.Event{AggregateID: fmt.Sprintf("agg-%d", i)})
 	}
-	st := &gatedStore{Store: ms, release: make(chan struct{})}
+	st := &gatedStore{Source: ms, release: make(chan struct{})}
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
 	startRelay(t, st, pub, core.Options{BatchSize: 10, Lanes: 4, Claimers: 3, PollInterval: time.Millisecond})
@@ -99,11 +99,11 @@ func TestPublishingDoesNotWaitForRecording(t *testing.T) {
 // The next batch is claimed while the lanes still publish the last one:
 // no claim waits for its predecessor's slowest event.
 func TestClaimsWhileLanesPublish(t *testing.T) {
-	ms := memstore.New()
+	ms := memsource.New()
 	for i := range 20 {
 		ms.Add(core.Event{AggregateID: fmt.Sprintf("agg-%d", i)})
 	}
-	st := &gatedStore{Store: ms}
+	st := &gatedStore{Source: ms}
 	first := ms.Pending()[0]
 	slow := make(chan struct{})
 	var published log
@@ -121,7 +121,7 @@ func TestClaimsWhileLanesPublish(t *testing.T) {
 // batches can be recorded, and every other aggregate keeps flowing through
 // far more batches than the relay keeps open.
 func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
-	ms := memstore.New()
+	ms := memsource.New()
 	var slowIDs []int64
 	for i := range 200 {
 		agg := fmt.Sprintf("agg-%d", i%10)
@@ -133,7 +133,7 @@ func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
 			slowIDs = append(slowIDs, id)
 		}
 	}
-	st := &gatedStore{Store: ms}
+	st := &gatedStore{Source: ms}
 	hang := make(chan struct{})
 	var published log
 	var slowOrder []int64
@@ -187,7 +187,7 @@ func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
 // so the claim takes the aggregate's next events on the strength of an
 // event that has just failed.
 type failStore struct {
-	core.Store
+	core.Source
 	failing    int64
 	claiming   chan struct{} // closed when a claim lists the failing event in flight
 	failed     chan struct{} // closed by the publisher as it fails
@@ -199,7 +199,7 @@ type failStore struct {
 
 func (s *failStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	if !slices.Contains(req.InFlight, s.failing) {
-		return s.wrap(s.Store.Claim(ctx, req))
+		return s.wrap(s.Source.Claim(ctx, req))
 	}
 	var c core.Claim
 	var err error
@@ -209,11 +209,11 @@ func (s *failStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Clai
 		close(s.claiming)
 		<-s.failed
 		<-s.completing
-		c, err = s.wrap(s.Store.Claim(ctx, req))
+		c, err = s.wrap(s.Source.Claim(ctx, req))
 		close(s.claimed)
 	})
 	if !ran {
-		return s.wrap(s.Store.Claim(ctx, req))
+		return s.wrap(s.Source.Claim(ctx, req))
 	}
 	return c, err
 }
@@ -247,12 +247,12 @@ func (c *failClaim) Complete(ctx context.Context, done []int64, failed []core.Fa
 // newer claim took while the failed event was in flight: none passes the
 // failed event, which is retried first.
 func TestFailureHoldsLaterClaimsOfItsAggregate(t *testing.T) {
-	ms := memstore.New()
+	ms := memsource.New()
 	var ids []int64
 	for range 6 {
 		ids = append(ids, ms.Add(core.Event{AggregateID: "x"})[0])
 	}
-	st := &failStore{Store: ms, failing: ids[1], claiming: make(chan struct{}), failed: make(chan struct{}),
+	st := &failStore{Source: ms, failing: ids[1], claiming: make(chan struct{}), failed: make(chan struct{}),
 		completing: make(chan struct{}), claimed: make(chan struct{})}
 	var failedOnce atomic.Bool
 	var published log

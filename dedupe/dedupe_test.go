@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestNewRejectsBadOptions(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/outboxhq/outbox"
-	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/dedupe"
 )
 
@@ -119,9 +119,9 @@ func ExampleDeduper_Process() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	headers := map[string]string{core.HeaderEventID: "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"}
+	headers := map[string]string{event.HeaderEventID: "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"}
 
-	applied, err := d.Process(context.Background(), headers[core.HeaderEventID], func(ctx context.Context, tx pgx.Tx) error {
+	applied, err := d.Process(context.Background(), headers[event.HeaderEventID], func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, "order-42")
 		return err
 	})
@@ -155,7 +155,7 @@ func ExampleDeduper_Cleanup() {
 
 func ExampleEventID() {
 	msg := message.NewMessage(watermill.NewUUID(), nil)
-	msg.Metadata.Set(core.HeaderEventID, "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b")
+	msg.Metadata.Set(event.HeaderEventID, "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b")
 	id, err := dedupe.EventID(msg)
 	fmt.Println(id, err)
 
@@ -182,7 +182,7 @@ func ExampleNewSQL() {
 	var sub message.Subscriber
 	router.AddConsumerHandler("invoice", "order", sub, d.NoPublishHandler(
 		func(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
-			_, err := tx.ExecContext(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, msg.Metadata.Get(core.HeaderAggregateID))
+			_, err := tx.ExecContext(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, msg.Metadata.Get(event.HeaderAggregateID))
 			return err
 		}))
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // FuzzEventID checks that EventID either returns the header exactly, as an
@@ -41,7 +41,7 @@ func FuzzEventID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, value string, present bool) {
 		msg := message.NewMessage("message-uuid", nil)
 		if present {
-			msg.Metadata.Set(core.HeaderEventID, value)
+			msg.Metadata.Set(event.HeaderEventID, value)
 		}
 		id, err := dedupe.EventID(msg)
 		if err != nil {

@@ -10,8 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // ErrNoEventID is wrapped by the errors of EventID, and by the middleware's
@@ -23,12 +22,12 @@ var ErrNoEventID = errors.New("no usable event identity")
 const MaxEventIDBytes = 200
 
 // EventID returns the event identity the relay put in msg's metadata
-// (header core.HeaderEventID). A missing, empty, over-long or malformed
+// (header event.HeaderEventID). A missing, empty, over-long or malformed
 // value is an error wrapping ErrNoEventID. The message UUID is not used as
 // a fallback: a publisher other than the relay may generate a new one for
 // every send, which would make duplicates look new.
 //
-// Header core.HeaderEventUID wins when present: relays before migration 5
+// Header event.HeaderEventUID wins when present: relays before migration 5
 // sent the identity there and the row position in event_id, and later
 // relays send both with the same value, so a message relayed again after
 // an upgrade keeps its key.
@@ -36,12 +35,12 @@ func EventID(msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", fmt.Errorf("%w: message is nil", ErrNoEventID)
 	}
-	name := core.HeaderEventUID
+	name := event.HeaderEventUID
 	id, ok := msg.Metadata[name]
 	if !ok {
-		name = core.HeaderEventID
+		name = event.HeaderEventID
 		if id, ok = msg.Metadata[name]; !ok {
-			return "", fmt.Errorf("%w: header %q is missing", ErrNoEventID, core.HeaderEventID)
+			return "", fmt.Errorf("%w: header %q is missing", ErrNoEventID, event.HeaderEventID)
 		}
 	}
 	if err := checkEventID(id); err != nil {

@@ -22,9 +22,10 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext(msg.Context()) }
@@ -353,7 +354,7 @@ func TestHandlerEmitsThroughOutboxOnce(t *testing.T) {
 				return nil, err
 			}
 			err := w.Write(ctx, tx, outbox.Message{
-				AggregateID: msg.Metadata.Get(core.HeaderAggregateID),
+				AggregateID: msg.Metadata.Get(event.HeaderAggregateID),
 				Type:        "points.awarded",
 				Payload:     msg.Payload,
 			})
@@ -536,9 +537,9 @@ func TestMissingEventID(t *testing.T) {
 func TestEventIDAcrossRelayVersions(t *testing.T) {
 	const uid = "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"
 	for name, md := range map[string]message.Metadata{
-		"before migration 5": {core.HeaderEventID: "41", core.HeaderEventUID: uid},
+		"before migration 5": {event.HeaderEventID: "41", event.HeaderEventUID: uid},
 		"after migration 5":  wm.Message(&core.Event{Seq: 41, ID: uid, AggregateID: "a", Type: "t.x"}).Metadata,
-		"event_id only":      {core.HeaderEventID: uid},
+		"event_id only":      {event.HeaderEventID: uid},
 	} {
 		msg := message.NewMessage(watermill.NewUUID(), nil)
 		msg.Metadata = md

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
 
-	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // The database/sql deduper keeps the guarantees of the pgx one with either
@@ -102,7 +102,7 @@ func TestSQLDeduper(t *testing.T) {
 			eventID := uuid.NewString()
 			for range 2 {
 				msg := message.NewMessage(uuid.NewString(), []byte(`{}`))
-				msg.Metadata.Set(core.HeaderEventID, eventID)
+				msg.Metadata.Set(event.HeaderEventID, eventID)
 				if err := h(msg); err != nil {
 					t.Fatal(err)
 				}

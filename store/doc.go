@@ -3,6 +3,6 @@
 // per-aggregate gate of ordered mode), LISTEN/NOTIFY wake-ups and the
 // operator queries behind the admin commands.
 //
-// A Store implements core.Store, core.Notifier, core.Pinger and
+// A Store implements core.Source, core.Notifier, core.Pinger and
 // core.BacklogReader.
 package store

@@ -18,9 +18,9 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 func TestGrantsQuoteEveryName(t *testing.T) {
@@ -299,7 +299,7 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, 'k', 't', '{}', now())", uuid.NewString()); err != nil {
 		t.Errorf("relay hands an event to the table: %v", err)
 	}
-	hc, err := walrelay.HandOffConfig(f.cfg)
+	hc, err := logrelay.HandOffConfig(f.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

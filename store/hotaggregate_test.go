@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // hangingPublisher hangs every publish of one aggregate (every publish
@@ -91,7 +91,7 @@ func newHangingPublisher(agg string, others int) *hangingPublisher {
 
 // runRelay runs a relay until the test ends, when pub's hanging publishes
 // are released first.
-func runRelay(t *testing.T, s core.Store, pub *hangingPublisher, opts core.Options) {
+func runRelay(t *testing.T, s core.Source, pub *hangingPublisher, opts core.Options) {
 	t.Helper()
 	r, err := core.New(s, pub, opts)
 	if err != nil {

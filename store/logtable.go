@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// LogTable is the outbox table as the log relay (package walrelay) writes
+// LogTable is the outbox table as the log relay (package logrelay) writes
 // it: the marks of rows it published from the log, and the hand-off of
 // events to the table relay. The statements live here, beside the claims,
 // so that one package owns every statement on the table.

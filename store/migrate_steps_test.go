@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // schemaOf describes every object of the schema, with the schema's name

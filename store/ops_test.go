@@ -19,8 +19,8 @@ import (
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // opsRow is an outbox row in a given state; ages are relative to now().

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // An outbox's statistics mostly describe dispatched rows. Planned from

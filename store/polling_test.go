@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // With wake-ups off (PgBouncer in transaction pooling mode, where LISTEN

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // While a backlog drains, unordered claims start their scan above the

@@ -9,8 +9,8 @@ import (
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/sourcetest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // The outbox table as a source, ordered and unordered: a core.Relay over

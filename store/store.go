@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/event"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // maxReason bounds the stored failure reason.
@@ -84,7 +84,7 @@ func (f *scanFrom) claimed(from int64, full bool, last int64) {
 const maxClaimPasses = 8
 
 var (
-	_ core.Store         = (*Store)(nil)
+	_ core.Source        = (*Store)(nil)
 	_ core.Notifier      = (*Store)(nil)
 	_ core.Pinger        = (*Store)(nil)
 	_ core.BacklogReader = (*Store)(nil)
@@ -254,7 +254,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Claim implements core.Store. The claim is one transaction holding row
+// Claim implements core.Source. The claim is one transaction holding row
 // locks, so a relay that dies mid-batch releases its events at once when its
 // connection drops, and the mark commits together with nothing else.
 //

@@ -17,9 +17,9 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/storetest"
+	"github.com/outboxhq/outbox/core/claimtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // pgx closes a connection cut off mid-query (a LISTEN whose relay
@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 
 type harness struct{}
 
-func (harness) Open(t *testing.T) storetest.Instance {
+func (harness) Open(t *testing.T) claimtest.Instance {
 	pool, cfg := pgtest.Schema(t)
 	return newInstance(t, pool, cfg)
 }
@@ -56,7 +56,7 @@ func newInstance(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *instance {
 	return &instance{pool: pool, cfg: s.Config(), s: s, w: w}
 }
 
-func (in *instance) Store() core.Store { return in.s }
+func (in *instance) Store() core.Source { return in.s }
 
 func (in *instance) table() string { return pgx.Identifier{in.cfg.Schema, in.cfg.Table}.Sanitize() }
 
@@ -121,7 +121,7 @@ SELECT count(pg_terminate_backend(pid)) FROM (
 	}
 }
 
-func TestConformance(t *testing.T) { storetest.Run(t, harness{}) }
+func TestConformance(t *testing.T) { claimtest.Run(t, harness{}) }
 
 // A claim holds a transaction; when the relay's connection dies during the
 // claim the events are claimable again at once.

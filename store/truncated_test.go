@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // While one claim holds an aggregate's first event, a second claim leaves

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func writeFunc(cfg store.Config) string {

@@ -30,6 +30,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // CloudEventsBinding is the AMQP binding's: attributes as headers prefixed
@@ -261,9 +262,9 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 // properties sets the standard AMQP properties consumers look at first:
 // the content type goes in the content-type property, its native place.
 func properties(p amqp091.Publishing) amqp091.Publishing {
-	p.MessageId, _ = p.Headers[core.HeaderEventID].(string)
-	p.Type, _ = p.Headers[core.HeaderType].(string)
-	p.ContentType, _ = p.Headers[core.HeaderContentType].(string)
+	p.MessageId, _ = p.Headers[event.HeaderEventID].(string)
+	p.Type, _ = p.Headers[event.HeaderType].(string)
+	p.ContentType, _ = p.Headers[event.HeaderContentType].(string)
 	return p
 }
 

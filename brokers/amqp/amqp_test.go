@@ -17,6 +17,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/amqp"
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func TestMain(m *testing.M) {
@@ -103,8 +104,8 @@ func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
 			if d.DeliveryMode != amqp091.Persistent {
 				t.Errorf("delivery mode %d, want persistent", d.DeliveryMode)
 			}
-			if d.MessageId != h[core.HeaderEventID] {
-				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[core.HeaderEventID])
+			if d.MessageId != h[event.HeaderEventID] {
+				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[event.HeaderEventID])
 			}
 			got = append(got, brokertest.Message{Headers: h, ContentType: d.ContentType, Body: d.Body})
 		case <-timeout:
@@ -170,7 +171,7 @@ func TestFixedExchange(t *testing.T) {
 	if err := p2.Publish(t.Context(), e); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventSeq] != "3" {
+	if got := read(t, raw, topic, 1); got[0].Headers[event.HeaderEventSeq] != "3" {
 		t.Errorf("got %+v", got[0])
 	}
 }

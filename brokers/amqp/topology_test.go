@@ -15,8 +15,9 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/amqp"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // channel opens a channel on a connection of the test's own.
@@ -104,7 +105,7 @@ func TestPublishWithoutQueueFails(t *testing.T) {
 	if err := pub.Publish(t.Context(), e); err != nil {
 		t.Fatalf("publish with a queue bound: %v", err)
 	}
-	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventSeq] != "2" {
+	if got := read(t, raw, topic, 1); got[0].Headers[event.HeaderEventSeq] != "2" {
 		t.Errorf("delivered %+v, want event 2", got[0])
 	}
 }
@@ -124,7 +125,7 @@ func TestTopicQueues(t *testing.T) {
 	if err := pub.Publish(t.Context(), e); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventSeq] != "5" {
+	if got := read(t, raw, topic, 1); got[0].Headers[event.HeaderEventSeq] != "5" {
 		t.Errorf("delivered %+v, want event 5", got[0])
 	}
 }
@@ -217,7 +218,7 @@ VALUES ($1, 'order-1', 'order.placed', '{"n":1}') RETURNING seq`, uuid.NewString
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := read(t, raw, topic, 1); got[0].Headers[core.HeaderEventSeq] != fmt.Sprint(seq) {
+	if got := read(t, raw, topic, 1); got[0].Headers[event.HeaderEventSeq] != fmt.Sprint(seq) {
 		t.Errorf("delivered %+v, want event %d", got[0], seq)
 	}
 }

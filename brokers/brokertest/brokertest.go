@@ -25,7 +25,8 @@ import (
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/core/event"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // Message is one message as it arrived at the broker.
@@ -123,7 +124,7 @@ func (s suite) ctx(t *testing.T) context.Context {
 	return ctx
 }
 
-func event(id int64, agg, typ string, payload string, headers map[string]string) *core.Event {
+func newEvent(id int64, agg, typ string, payload string, headers map[string]string) *core.Event {
 	return &core.Event{
 		Seq: id, ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), AggregateID: agg,
 		Type: typ, Payload: []byte(payload), Headers: headers, CreatedAt: time.Now(),
@@ -135,7 +136,7 @@ func (s suite) bodyAndHeaders(t *testing.T) {
 	// Bytes a careless adapter would alter: key order, spacing, unicode,
 	// a trailing newline.
 	payload := "{\"z\":1, \"a\":[true,null],\"s\":\"caf\u00e9 \u2603\"}\n"
-	e := event(41, "order-7", "order.placed", payload, map[string]string{
+	e := newEvent(41, "order-7", "order.placed", payload, map[string]string{
 		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 		"tenant":      "acme",
 	})
@@ -158,13 +159,13 @@ func (s suite) bodyAndHeaders(t *testing.T) {
 		t.Errorf("content type = %q, want application/json, the default", got.ContentType)
 	}
 	wantHeaders := map[string]string{
-		core.HeaderEventID:     e.ID,
-		core.HeaderEventUID:    e.ID,
-		core.HeaderEventSeq:    "41",
-		core.HeaderType:        "order.placed",
-		core.HeaderAggregateID: "order-7",
-		"traceparent":          e.Headers["traceparent"],
-		"tenant":               "acme",
+		event.HeaderEventID:     e.ID,
+		event.HeaderEventUID:    e.ID,
+		event.HeaderEventSeq:    "41",
+		event.HeaderType:        "order.placed",
+		event.HeaderAggregateID: "order-7",
+		"traceparent":           e.Headers["traceparent"],
+		"tenant":                "acme",
 	}
 	for k, v := range wantHeaders {
 		if got.Headers[k] != v {
@@ -177,14 +178,14 @@ func (s suite) key(t *testing.T) {
 	pub, prefix := s.open(t, &brokers.Routing{}, "user")
 	keys := []string{"ord_2Xb9", "9007199254740993", "kunde/ü-ß 7"}
 	for i, agg := range keys {
-		if err := pub.Publish(s.ctx(t), event(int64(i+1), agg, "user.created", `{}`, nil)); err != nil {
+		if err := pub.Publish(s.ctx(t), newEvent(int64(i+1), agg, "user.created", `{}`, nil)); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
 	}
 	got := s.h.Read(t, prefix+"user", 3)
 	seen := map[string]bool{}
 	for _, m := range got {
-		agg := m.Headers[core.HeaderAggregateID]
+		agg := m.Headers[event.HeaderAggregateID]
 		seen[agg] = true
 		if !s.h.NoKey && m.Key != agg {
 			t.Errorf("key = %q, want the aggregate id %q", m.Key, agg)
@@ -206,13 +207,13 @@ func (s suite) routing(t *testing.T) {
 		{"order.placed", "order"},      // default: before the first dot
 	}
 	for i, c := range cases {
-		if err := pub.Publish(s.ctx(t), event(int64(i+1), "r", c.typ, `{}`, nil)); err != nil {
+		if err := pub.Publish(s.ctx(t), newEvent(int64(i+1), "r", c.typ, `{}`, nil)); err != nil {
 			t.Fatalf("publish %s: %v", c.typ, err)
 		}
 	}
 	for _, c := range cases {
 		got := s.h.Read(t, prefix+c.topic, 1)
-		if typ := got[0].Headers[core.HeaderType]; typ != c.typ {
+		if typ := got[0].Headers[event.HeaderType]; typ != c.typ {
 			t.Errorf("topic %s got type %q, want %q", c.topic, typ, c.typ)
 		}
 	}
@@ -250,7 +251,7 @@ func (s suite) binary(t *testing.T) {
 	got := s.h.Read(t, prefix+"sensor", 2)
 	byType := map[string]Message{}
 	for _, m := range got {
-		byType[m.Headers[core.HeaderType]] = m
+		byType[m.Headers[event.HeaderType]] = m
 	}
 	for _, e := range events {
 		m, ok := byType[e.Type]
@@ -277,19 +278,19 @@ func (s suite) binary(t *testing.T) {
 // the routing's prefix before it.
 func (s suite) topicOnEvent(t *testing.T) {
 	pub, prefix := s.open(t, &brokers.Routing{Types: map[string]string{"order.placed": "orders"}}, "orders", "vip-orders")
-	e := event(1, "o-1", "order.placed", `{"vip":true}`, nil)
+	e := newEvent(1, "o-1", "order.placed", `{"vip":true}`, nil)
 	e.Topic = "vip-orders"
 	if err := pub.Publish(s.ctx(t), e); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	if err := pub.Publish(s.ctx(t), event(2, "o-2", "order.placed", `{}`, nil)); err != nil {
+	if err := pub.Publish(s.ctx(t), newEvent(2, "o-2", "order.placed", `{}`, nil)); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	if got := s.h.Read(t, prefix+"vip-orders", 1)[0]; got.Headers[core.HeaderEventSeq] != "1" {
-		t.Errorf("topic vip-orders got event %s, want 1", got.Headers[core.HeaderEventSeq])
+	if got := s.h.Read(t, prefix+"vip-orders", 1)[0]; got.Headers[event.HeaderEventSeq] != "1" {
+		t.Errorf("topic vip-orders got event %s, want 1", got.Headers[event.HeaderEventSeq])
 	}
-	if got := s.h.Read(t, prefix+"orders", 1)[0]; got.Headers[core.HeaderEventSeq] != "2" {
-		t.Errorf("topic orders got event %s, want 2, routed by its type", got.Headers[core.HeaderEventSeq])
+	if got := s.h.Read(t, prefix+"orders", 1)[0]; got.Headers[event.HeaderEventSeq] != "2" {
+		t.Errorf("topic orders got event %s, want 2, routed by its type", got.Headers[event.HeaderEventSeq])
 	}
 }
 
@@ -345,7 +346,7 @@ func (s suite) cloudEvents(t *testing.T) {
 
 func (s suite) unroutable(t *testing.T) {
 	pub, prefix := s.open(t, &brokers.Routing{}, "audit")
-	err := pub.Publish(s.ctx(t), event(1, "x", "nodots", `{}`, nil))
+	err := pub.Publish(s.ctx(t), newEvent(1, "x", "nodots", `{}`, nil))
 	if err == nil {
 		t.Fatal("publish of a type with no route succeeded")
 	}
@@ -356,7 +357,7 @@ func (s suite) unroutable(t *testing.T) {
 		t.Errorf("error %q does not name the type", err)
 	}
 	// The publisher keeps working after an event it could not route.
-	if err := pub.Publish(s.ctx(t), event(2, "x", "audit.logged", `{}`, nil)); err != nil {
+	if err := pub.Publish(s.ctx(t), newEvent(2, "x", "audit.logged", `{}`, nil)); err != nil {
 		t.Fatalf("publish after a routing error: %v", err)
 	}
 	s.h.Read(t, prefix+"audit", 1)
@@ -367,7 +368,7 @@ func (s suite) unroutable(t *testing.T) {
 func (s suite) order(t *testing.T) {
 	const aggregates, perAggregate = 20, 50
 	pub, prefix := s.open(t, &brokers.Routing{}, "stock")
-	store := memstore.New()
+	store := memsource.New()
 	// Interleave aggregates so every batch mixes them.
 	for i := range perAggregate {
 		for a := range aggregates {
@@ -403,10 +404,10 @@ func (s suite) order(t *testing.T) {
 	last := map[string]int64{}
 	count := map[string]int{}
 	for _, m := range got {
-		agg := m.Headers[core.HeaderAggregateID]
-		id, err := strconv.ParseInt(m.Headers[core.HeaderEventSeq], 10, 64)
+		agg := m.Headers[event.HeaderAggregateID]
+		id, err := strconv.ParseInt(m.Headers[event.HeaderEventSeq], 10, 64)
 		if err != nil {
-			t.Fatalf("event_seq header %q: %v", m.Headers[core.HeaderEventSeq], err)
+			t.Fatalf("event_seq header %q: %v", m.Headers[event.HeaderEventSeq], err)
 		}
 		if id <= last[agg] {
 			t.Fatalf("aggregate %s: event %d arrived after %d", agg, id, last[agg])
@@ -428,7 +429,7 @@ func (s suite) cancelled(t *testing.T) {
 	pub, _ := s.open(t, &brokers.Routing{}, "order")
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	err := pub.Publish(ctx, event(1, "c", "order.placed", `{}`, nil))
+	err := pub.Publish(ctx, newEvent(1, "c", "order.placed", `{}`, nil))
 	if err == nil {
 		t.Fatal("publish with a cancelled context succeeded")
 	}
@@ -442,7 +443,7 @@ func (s suite) down(t *testing.T) {
 		t.Skip("harness cannot stop its broker")
 	}
 	pub, prefix := s.open(t, &brokers.Routing{}, "order")
-	if err := pub.Publish(s.ctx(t), event(1, "d", "order.placed", `{}`, nil)); err != nil {
+	if err := pub.Publish(s.ctx(t), newEvent(1, "d", "order.placed", `{}`, nil)); err != nil {
 		t.Fatalf("publish before the broker stops: %v", err)
 	}
 	s.h.Read(t, prefix+"order", 1)
@@ -450,7 +451,7 @@ func (s suite) down(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), s.h.Timeout)
 	defer cancel()
 	start := time.Now()
-	err := pub.Publish(ctx, event(2, "d", "order.placed", `{}`, nil))
+	err := pub.Publish(ctx, newEvent(2, "d", "order.placed", `{}`, nil))
 	if err == nil {
 		t.Fatal("publish to a stopped broker succeeded")
 	}

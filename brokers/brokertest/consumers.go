@@ -18,9 +18,10 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // ConsumerHarness connects RunConsumers to one broker: the relay's
@@ -51,7 +52,7 @@ var consumerServices = []string{"billing", "shipping"}
 var errInjected = errors.New("injected failure, to be redelivered")
 
 // RunConsumers checks the consumer side end to end on a real PostgreSQL
-// (store/pgtest): events written with outbox.Writer are relayed by the
+// (internal/pgtest): events written with outbox.Writer are relayed by the
 // core relay through the adapter; two services, each with its own
 // subscriber and a dedupe.Deduper named after it, take every event once,
 // in order per aggregate. Redeliveries come from a handler that fails
@@ -209,7 +210,7 @@ func startConsumer(t *testing.T, h ConsumerHarness, pool *pgxpool.Pool, cfg stor
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return fmt.Errorf("decode: %w", err)
 		}
-		agg := msg.Metadata.Get(core.HeaderAggregateID)
+		agg := msg.Metadata.Get(event.HeaderAggregateID)
 		// In order, the aggregate's previous event committed before this
 		// delivery began; a delivery that overtook it, or ran beside it,
 		// does not see it.
@@ -271,7 +272,7 @@ func (c *deliveries) outOfOrder(what string) {
 func (c *deliveries) count(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		c.mu.Lock()
-		if c.failedID != "" && msg.Metadata.Get(core.HeaderEventID) == c.failedID {
+		if c.failedID != "" && msg.Metadata.Get(event.HeaderEventID) == c.failedID {
 			c.redelivered++
 		}
 		c.mu.Unlock()
@@ -290,7 +291,7 @@ func (c *deliveries) count(h message.HandlerFunc) message.HandlerFunc {
 func (c *deliveries) markFailed(msg *message.Message) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.failedID = msg.Metadata.Get(core.HeaderEventID)
+	c.failedID = msg.Metadata.Get(event.HeaderEventID)
 }
 
 func (c *deliveries) acked() int {

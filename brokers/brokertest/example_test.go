@@ -11,6 +11,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/brokers/stdout"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 type buffer struct {
@@ -46,8 +47,8 @@ func ExampleRun() {
 						t.Fatal(err)
 					}
 					if l.Topic == topic {
-						h := map[string]string{core.HeaderEventID: l.ID, core.HeaderEventUID: l.ID, core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
-							core.HeaderEventSeq: strconv.FormatInt(l.Seq, 10)}
+						h := map[string]string{event.HeaderEventID: l.ID, event.HeaderEventUID: l.ID, event.HeaderType: l.Type, event.HeaderAggregateID: l.AggregateID,
+							event.HeaderEventSeq: strconv.FormatInt(l.Seq, 10)}
 						for k, v := range l.Headers {
 							h[k] = v
 						}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // StallHarness connects the stall cases to one publisher whose every
@@ -92,12 +92,12 @@ func publishWithin(pub core.Publisher, e *core.Event, d time.Duration) (time.Dur
 
 func (s stalls) publishBounded(t *testing.T, m Mode) {
 	pub, proxy, _, _ := s.open(t, "order")
-	if _, err := publishWithin(pub, event(1, "s", "order.placed", `{}`, nil), 20*time.Second); err != nil {
+	if _, err := publishWithin(pub, newEvent(1, "s", "order.placed", `{}`, nil), 20*time.Second); err != nil {
 		t.Fatalf("publish before the fault: %v", err)
 	}
 	proxy.SetMode(m)
 	for i := range 3 { // the wedged connection, then the reconnects
-		took, err := publishWithin(pub, event(int64(2+i), "s", "order.placed", `{}`, nil), time.Second)
+		took, err := publishWithin(pub, newEvent(int64(2+i), "s", "order.placed", `{}`, nil), time.Second)
 		if err == nil {
 			t.Fatalf("publish %d through a %v proxy succeeded", i, m)
 		}
@@ -109,7 +109,7 @@ func (s stalls) publishBounded(t *testing.T, m Mode) {
 	proxy.Heal()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := publishWithin(pub, event(9, "s", "order.placed", `{}`, nil), 2*time.Second)
+		_, err := publishWithin(pub, newEvent(9, "s", "order.placed", `{}`, nil), 2*time.Second)
 		if err == nil {
 			break
 		}
@@ -121,12 +121,12 @@ func (s stalls) publishBounded(t *testing.T, m Mode) {
 
 func (s stalls) closeWhileStuck(t *testing.T, m Mode) {
 	pub, proxy, _, closePub := s.open(t, "order")
-	if _, err := publishWithin(pub, event(1, "c", "order.placed", `{}`, nil), 20*time.Second); err != nil {
+	if _, err := publishWithin(pub, newEvent(1, "c", "order.placed", `{}`, nil), 20*time.Second); err != nil {
 		t.Fatalf("publish before the fault: %v", err)
 	}
 	proxy.SetMode(m)
 	published := make(chan error, 1)
-	go func() { published <- pub.Publish(context.Background(), event(2, "c", "order.placed", `{}`, nil)) }()
+	go func() { published <- pub.Publish(context.Background(), newEvent(2, "c", "order.placed", `{}`, nil)) }()
 	time.Sleep(200 * time.Millisecond) // let it get stuck
 	start := time.Now()
 	err := closePub()
@@ -185,7 +185,7 @@ func (s stalls) ping(t *testing.T, m Mode) {
 // again within 2s.
 func (s stalls) relayResumes(t *testing.T, m Mode) {
 	pub, proxy, _, _ := s.open(t, "order")
-	store := memstore.New()
+	store := memsource.New()
 	add := func(n int) {
 		for i := range n {
 			store.Add(core.Event{ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", time.Now().UnixNano()%1e12+int64(i)),

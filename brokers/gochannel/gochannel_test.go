@@ -15,6 +15,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/brokers/gochannel"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -97,5 +98,5 @@ func toMessage(m *message.Message) brokertest.Message {
 	for k, v := range m.Metadata {
 		h[k] = v
 	}
-	return brokertest.Message{Headers: h, ContentType: h[core.HeaderContentType], Body: m.Payload}
+	return brokertest.Message{Headers: h, ContentType: h[event.HeaderContentType], Body: m.Payload}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/googlecloud"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func BenchmarkPublish(b *testing.B) {
@@ -43,7 +44,7 @@ func benchWatermill(b *testing.B, addr string, ps *pubsub.PublishSettings) {
 	pub, err := wmgc.NewPublisher(wmgc.PublisherConfig{
 		ProjectID: project, EnableMessageOrdering: true, PublishSettings: ps,
 		Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(core.HeaderAggregateID), nil
+			return m.Metadata.Get(event.HeaderAggregateID), nil
 		}),
 	}, watermill.NopLogger{})
 	if err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // CloudEventsBinding is the Google Cloud Pub/Sub binding's: lower-case
@@ -188,7 +189,7 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 		PublishSettings: &ps,
 		ClientOptions:   opts,
 		Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(core.HeaderAggregateID), nil
+			return m.Metadata.Get(event.HeaderAggregateID), nil
 		}),
 	}, watermill.NewSlogLogger(d.log))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/brokers/googlecloud"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func TestMain(m *testing.M) {
@@ -44,7 +45,7 @@ func read(t *testing.T, srv *pstest.Server, topic string, n int) []brokertest.Me
 		var got []brokertest.Message
 		for _, m := range srv.Messages() { // in publish order
 			if m.Topic == name {
-				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, ContentType: m.Attributes[core.HeaderContentType], Body: m.Data})
+				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, ContentType: m.Attributes[event.HeaderContentType], Body: m.Data})
 			}
 		}
 		if len(got) >= n {

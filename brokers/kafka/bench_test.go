@@ -11,6 +11,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func BenchmarkPublish(b *testing.B) {
@@ -33,7 +34,7 @@ func BenchmarkPublish(b *testing.B) {
 		pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
 			Brokers: kf.ListenAddrs(), OverwriteSaramaConfig: cfg,
 			Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-				return m.Metadata.Get(core.HeaderAggregateID), nil
+				return m.Metadata.Get(event.HeaderAggregateID), nil
 			}),
 		}, nil)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // CloudEventsBinding is the Kafka binding's: attributes as headers prefixed
@@ -303,7 +304,7 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
 		Brokers: d.s.Brokers,
 		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(core.HeaderAggregateID), nil
+			return m.Metadata.Get(event.HeaderAggregateID), nil
 		}),
 		OverwriteSaramaConfig: &pcfg,
 	}, watermill.NewSlogLogger(d.log))

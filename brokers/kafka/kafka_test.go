@@ -19,6 +19,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func TestMain(m *testing.M) {
@@ -82,7 +83,7 @@ func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Messag
 			for _, kv := range r.Headers {
 				h[kv.Key] = string(kv.Value)
 			}
-			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, ContentType: h[core.HeaderContentType], Body: r.Value})
+			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, ContentType: h[event.HeaderContentType], Body: r.Value})
 		})
 	}
 	return got[:n]

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func init() {
@@ -95,7 +96,7 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	}
 	l := Line{Seq: e.Seq, ID: e.ID, AggregateID: e.AggregateID, Type: e.Type,
 		Topic: topic, ContentType: wm.ContentType(e), Headers: e.Headers}
-	if core.IsJSON(e.ContentType) {
+	if event.IsJSON(e.ContentType) {
 		l.Payload = e.Payload
 	} else {
 		l.PayloadBase64 = e.Payload

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/brokers/stdout"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -65,8 +66,8 @@ func TestConformance(t *testing.T) {
 					continue
 				}
 				h := map[string]string{
-					core.HeaderEventID: l.ID, core.HeaderEventUID: l.ID, core.HeaderEventSeq: jsonNumber(l.Seq),
-					core.HeaderType: l.Type, core.HeaderAggregateID: l.AggregateID,
+					event.HeaderEventID: l.ID, event.HeaderEventUID: l.ID, event.HeaderEventSeq: jsonNumber(l.Seq),
+					event.HeaderType: l.Type, event.HeaderAggregateID: l.AggregateID,
 				}
 				for k, v := range l.Headers {
 					h[k] = v

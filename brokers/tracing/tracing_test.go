@@ -20,8 +20,9 @@ import (
 	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestMain(m *testing.M) {
@@ -138,7 +139,7 @@ func TestTraceSpansProducerRelayConsumer(t *testing.T) {
 	for _, a := range relay.Attributes() {
 		attrs[string(a.Key)] = a.Value.String()
 	}
-	if attrs["messaging.message.id"] != msg.Metadata.Get(core.HeaderEventID) || attrs["messaging.system"] != "rabbitmq" ||
+	if attrs["messaging.message.id"] != msg.Metadata.Get(event.HeaderEventID) || attrs["messaging.system"] != "rabbitmq" ||
 		attrs["messaging.destination.name"] != "orders" {
 		t.Errorf("relay span attributes = %v", attrs)
 	}

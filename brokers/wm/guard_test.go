@@ -15,7 +15,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -298,7 +298,7 @@ func TestPing(t *testing.T) {
 func TestRelayResumesAfterFreeze(t *testing.T) {
 	b := newBroker()
 	p := open(t, b, wm.Options{DialTimeout: 200 * time.Millisecond, CloseTimeout: time.Second})
-	s := memstore.New()
+	s := memsource.New()
 	for i := range 200 {
 		s.Add(core.Event{AggregateID: string(rune('a' + i%20)), Type: "t.x", ID: "u"})
 	}
@@ -341,7 +341,7 @@ func TestShutdownWhileWedged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := memstore.New()
+	s := memsource.New()
 	for range 20 {
 		s.Add(core.Event{AggregateID: "a", Type: "t.x"})
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // Classifier tells a broker's permanent errors from transient ones; it
@@ -86,19 +87,19 @@ func Message(e *core.Event) *message.Message {
 	for k, v := range e.Headers {
 		msg.Metadata.Set(k, v)
 	}
-	msg.Metadata.Set(core.HeaderEventID, e.ID)
-	msg.Metadata.Set(core.HeaderEventUID, e.ID)
-	msg.Metadata.Set(core.HeaderEventSeq, strconv.FormatInt(e.Seq, 10))
-	msg.Metadata.Set(core.HeaderType, e.Type)
-	msg.Metadata.Set(core.HeaderAggregateID, e.AggregateID)
-	msg.Metadata.Set(core.HeaderContentType, ContentType(e))
+	msg.Metadata.Set(event.HeaderEventID, e.ID)
+	msg.Metadata.Set(event.HeaderEventUID, e.ID)
+	msg.Metadata.Set(event.HeaderEventSeq, strconv.FormatInt(e.Seq, 10))
+	msg.Metadata.Set(event.HeaderType, e.Type)
+	msg.Metadata.Set(event.HeaderAggregateID, e.AggregateID)
+	msg.Metadata.Set(event.HeaderContentType, ContentType(e))
 	return msg
 }
 
 // ContentType is e's content type, application/json when it has none.
 func ContentType(e *core.Event) string {
 	if e.ContentType == "" {
-		return core.ContentTypeJSON
+		return event.ContentTypeJSON
 	}
 	return e.ContentType
 }

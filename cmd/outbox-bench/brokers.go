@@ -33,6 +33,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 const benchTopic = "bench"
@@ -70,7 +71,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 			sc.Version = sarama.DefaultVersion
 			direct, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{Brokers: addrs, OverwriteSaramaConfig: sc,
 				Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-					return m.Metadata.Get(core.HeaderAggregateID), nil
+					return m.Metadata.Get(event.HeaderAggregateID), nil
 				})}, watermill.NopLogger{})
 			if err != nil {
 				relay.Close()
@@ -117,7 +118,7 @@ func (b *bench) brokerSection(ctx context.Context, rep *report) error {
 				ClientOptions: []option.ClientOption{option.WithEndpoint(srv.Addr), option.WithoutAuthentication(),
 					option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())), option.WithTelemetryDisabled()},
 				Marshaler: wmgc.NewOrderingMarshaler(func(_ string, m *message.Message) (string, error) {
-					return m.Metadata.Get(core.HeaderAggregateID), nil
+					return m.Metadata.Get(event.HeaderAggregateID), nil
 				}),
 			}, watermill.NopLogger{})
 			if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/amqp"
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // The end-to-end latency rows: producers commit at a fixed rate, the
@@ -323,7 +324,7 @@ func consumeAMQP(ctx context.Context, url string, emit func(string, time.Time) e
 	ready()
 	for d := range msgs {
 		at := time.Now()
-		uid, _ := d.Headers[core.HeaderEventID].(string)
+		uid, _ := d.Headers[event.HeaderEventID].(string)
 		if err := emit(uid, at); err != nil {
 			return err
 		}
@@ -353,7 +354,7 @@ func consumeKafka(ctx context.Context, brokers []string, emit func(string, time.
 		var err error
 		fs.EachRecord(func(r *kgo.Record) {
 			for _, h := range r.Headers {
-				if h.Key == core.HeaderEventID && err == nil {
+				if h.Key == event.HeaderEventID && err == nil {
 					err = emit(string(h.Value), at)
 				}
 			}

@@ -18,7 +18,7 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 // closedLoop runs work on n goroutines, back to back, for d, and returns
@@ -273,11 +273,11 @@ CREATE TABLE `+lines+` (
 		// The log write refuses to write while no slot would read it.
 		// The slot is not read here: dropped at the end, it keeps WAL
 		// only for this section.
-		if _, err := walrelay.CreateSlot(ctx, b.pool, cfg, walrelay.Slot{}); err != nil {
+		if _, err := logrelay.CreateSlot(ctx, b.pool, cfg, logrelay.Slot{}); err != nil {
 			return fmt.Errorf("create slot for the log-only producer: %w", err)
 		}
 		defer func() {
-			if err := walrelay.DropSlot(context.WithoutCancel(ctx), b.pool, cfg, walrelay.Slot{}); err != nil {
+			if err := logrelay.DropSlot(context.WithoutCancel(ctx), b.pool, cfg, logrelay.Slot{}); err != nil {
 				b.log.Warn("drop the log-only producer's slot", "error", err)
 			}
 		}()

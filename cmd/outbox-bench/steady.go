@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxhq/outbox/event"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/store"
 )
 

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/dedupe"
 )
 
@@ -111,7 +112,7 @@ ON CONFLICT (uid) DO UPDATE SET applied = effects.applied + 1`
 // handle processes one message until it succeeds or ctx ends; it returns
 // false when it gave up because ctx ended.
 func (c *checker) handle(ctx context.Context, headers map[string]string, body []byte) bool {
-	uid, agg := headers[core.HeaderEventID], headers[core.HeaderAggregateID]
+	uid, agg := headers[event.HeaderEventID], headers[event.HeaderAggregateID]
 	var p payload
 	if uid == "" || agg == "" || json.Unmarshal(body, &p) != nil {
 		c.t.mu.Lock()

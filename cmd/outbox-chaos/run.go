@@ -27,7 +27,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 // Fault kinds, in the order a run applies them by default.
@@ -397,7 +397,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if err := store.ApplyGrants(ctx, db.admin, db.cfg, store.Roles{Relay: relayRole, LogMode: true}); err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
-		if _, err := walrelay.CreateSlot(ctx, db.admin, db.cfg, walrelay.Slot{}); err != nil {
+		if _, err := logrelay.CreateSlot(ctx, db.admin, db.cfg, logrelay.Slot{}); err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
 	}
@@ -519,7 +519,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{},
 		takeover: map[string][]time.Duration{}, dups: chk.t.duplicates, faultDups: map[string][]int{}}
 	if o.Mode == "log" {
-		sl, err := walrelay.Slot{}.Resolve(ctx, db.admin, db.cfg)
+		sl, err := logrelay.Slot{}.Resolve(ctx, db.admin, db.cfg)
 		if err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}

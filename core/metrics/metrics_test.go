@@ -14,10 +14,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
 	"github.com/outboxhq/outbox/core/metrics"
+	"github.com/outboxhq/outbox/internal/memsource"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +47,7 @@ func TestObserverAfterKnownRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := memstore.New()
+	ms := memsource.New()
 	created := time.Now().Add(-2 * time.Second)
 	var events []core.Event
 	for i := range 10 {

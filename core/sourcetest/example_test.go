@@ -11,8 +11,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
 	"github.com/outboxhq/outbox/core/sourcetest"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // A source passes the suite from its own test. This harness runs a
@@ -29,7 +29,7 @@ func TestMemstoreSource(t *testing.T) { sourcetest.Run(t, memSource{}) }
 type memSource struct{}
 
 func (memSource) Open(t *testing.T) sourcetest.Instance {
-	return &memInstance{st: memstore.New(), aggs: map[int64]string{}, ids: map[int64]string{}}
+	return &memInstance{st: memsource.New(), aggs: map[int64]string{}, ids: map[int64]string{}}
 }
 
 var memOptions = core.Options{
@@ -40,7 +40,7 @@ var memOptions = core.Options{
 }
 
 type memInstance struct {
-	st   *memstore.Store
+	st   *memsource.Store
 	mu   sync.Mutex
 	aggs map[int64]string // aggregate of each seq
 	ids  map[int64]string // event id of each seq
@@ -99,7 +99,7 @@ func (in *memInstance) Ordered() bool  { return true }
 // killable is the store as one relay process sees it: once killed, its
 // claims end without recording, as a dead session's transactions do.
 type killable struct {
-	*memstore.Store
+	*memsource.Store
 	dead atomic.Bool
 }
 

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/store"
 )
 
@@ -465,7 +465,7 @@ func (c *Console) apiPayload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ext := ".bin"
-	if core.IsJSON(d.ContentType) {
+	if event.IsJSON(d.ContentType) {
 		ext = ".json"
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -503,11 +503,11 @@ func (c *Console) event(r *http.Request) (EventDetail, error) {
 	out := EventDetail{Event: toEvent(d.EventInfo, now), Before: []Event{}, After: []Event{}, Headers: json.RawMessage("null")}
 	out.ContentType = d.ContentType
 	if out.ContentType == "" {
-		out.ContentType = core.ContentTypeJSON
+		out.ContentType = event.ContentTypeJSON
 	}
 	out.PayloadBytes = len(d.Payload)
 	out.PayloadURL = fmt.Sprintf("/api/v1/events/%d/payload", d.Seq)
-	isJSON := core.IsJSON(d.ContentType)
+	isJSON := event.IsJSON(d.ContentType)
 	switch {
 	case len(d.Payload) > PayloadPreviewBytes && isJSON:
 		out.PayloadTruncated, out.PayloadPreview = true, strings.ToValidUTF8(string(d.Payload[:PayloadPreviewBytes]), "")

@@ -22,7 +22,7 @@ import (
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 // Config is the whole configuration of the outbox binary. It is read from
@@ -66,12 +66,12 @@ type RelayConfig struct {
 	// Mode is where the relay finds events: "table" claims them from the
 	// outbox table; "log" reads them from a logical replication slot
 	// (rows of the table and log-only messages) and runs the table path
-	// only for events handed to the table (see package walrelay).
+	// only for events handed to the table (see package logrelay).
 	Mode string         `koanf:"mode"`
 	Log  LogRelayConfig `koanf:"log"`
 }
 
-// LogRelayConfig tunes the log relay (see walrelay.Options).
+// LogRelayConfig tunes the log relay (see logrelay.Options).
 type LogRelayConfig struct {
 	Slot             string        `koanf:"slot"`        // default outbox_<schema>_<table>
 	Publication      string        `koanf:"publication"` // default: the slot's name
@@ -160,7 +160,7 @@ func Defaults() Config {
 	if err != nil {
 		panic(err)
 	}
-	logRelay, err := walrelay.Options{}.WithDefaults()
+	logRelay, err := logrelay.Options{}.WithDefaults()
 	if err != nil {
 		panic(err)
 	}
@@ -378,12 +378,12 @@ func (c *Config) RelayOptions(log *slog.Logger, obs core.Observer) core.Options 
 
 // LogRelayOptions converts the relay section for the log relay: the
 // engine's options are the table relay's, with the log's own beside them.
-func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) walrelay.Options {
+func (c *Config) LogRelayOptions(log *slog.Logger, obs core.Observer) logrelay.Options {
 	r := c.Relay
 	engine := c.RelayOptions(log, obs)
 	engine.HandOffAfter = r.Log.HandOffAfter
-	return walrelay.Options{
-		Store: c.StoreConfig(), Slot: walrelay.Slot{Name: r.Log.Slot, Publication: r.Log.Publication},
+	return logrelay.Options{
+		Store: c.StoreConfig(), Slot: logrelay.Slot{Name: r.Log.Slot, Publication: r.Log.Publication},
 		ManualSlot: !r.Log.CreateSlot, Options: engine, MaxInFlight: r.Log.MaxInFlight,
 		StatusInterval: r.Log.StatusInterval, ReceiveTimeout: r.Log.ReceiveTimeout,
 		WALSenderTimeout: r.Log.WALSenderTimeout, StandbyInterval: r.Log.StandbyInterval,

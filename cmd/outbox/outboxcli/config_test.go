@@ -157,7 +157,7 @@ func TestValidateNamesFields(t *testing.T) {
 }
 
 // The log relay's settings mean in the file what they mean in
-// walrelay.Options: 0 is the default, a negative wal_sender_timeout keeps
+// logrelay.Options: 0 is the default, a negative wal_sender_timeout keeps
 // the server's, create_slot false is ManualSlot.
 func TestLogRelaySettingsMeanWhatTheLibrarySays(t *testing.T) {
 	for _, tc := range []struct {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // serving runs the CLI with args plus --http-listen 127.0.0.1:0 until ctx

@@ -13,7 +13,7 @@ import (
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 // The defaults are stated once, in the library packages; the binary's
@@ -28,7 +28,7 @@ func TestDefaultsAgreeEverywhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lr, err := walrelay.Options{}.WithDefaults()
+	lr, err := logrelay.Options{}.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}

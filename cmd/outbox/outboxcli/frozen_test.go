@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // A relay frozen with its claims open (SIGSTOP, as a long pause, a stalled

@@ -13,10 +13,10 @@ import (
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
-// relay.mode log runs a walrelay.Pair: the log relay reads the slot; beside
+// relay.mode log runs a logrelay.Pair: the log relay reads the slot; beside
 // it, a table relay over the handoff view publishes the events handed to
 // the table (poison events and those behind them, rows committed before
 // the slot existed).
@@ -35,7 +35,7 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 	if lo.Slot, err = lo.Slot.Resolve(ctx, pool, st.Config()); err != nil {
 		return err
 	}
-	pair, err := walrelay.NewPair(pool, pub, lo, e.cfg.RelayOptions(e.log.With("path", "table"), obs))
+	pair, err := logrelay.NewPair(pool, pub, lo, e.cfg.RelayOptions(e.log.With("path", "table"), obs))
 	if err != nil {
 		return usageError(err)
 	}
@@ -79,14 +79,14 @@ func newSlotMetrics(reg prometheus.Registerer) *slotMetrics {
 	}
 }
 
-func (m *slotMetrics) run(ctx context.Context, pool *pgxpool.Pool, o walrelay.Options, r *walrelay.Relay, e *app) {
+func (m *slotMetrics) run(ctx context.Context, pool *pgxpool.Pool, o logrelay.Options, r *logrelay.Relay, e *app) {
 	t := time.NewTicker(10 * time.Second)
 	defer t.Stop()
 	for {
 		m.holding.Set(b2f(r.Holding()))
 		m.inFlight.Set(float64(r.InFlight()))
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		st, err := walrelay.Inspect(qctx, pool, o.Store, o.Slot)
+		st, err := logrelay.Inspect(qctx, pool, o.Store, o.Slot)
 		cancel()
 		if err == nil && st.Exists {
 			m.lag.Set(float64(st.LagBytes))
@@ -132,7 +132,7 @@ func slotCmd() *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
-					c, err := walrelay.CreateSlot(ctx, st.Pool(), st.Config(), o.Slot)
+					c, err := logrelay.CreateSlot(ctx, st.Pool(), st.Config(), o.Slot)
 					if err != nil {
 						return err
 					}
@@ -142,7 +142,7 @@ func slotCmd() *cobra.Command {
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "slot %s: %s\npublication %s: %s\nrows handed to the table path: %d\n",
 						s.Name, createdWord(c.Slot), s.Publication, createdWord(c.Publication), c.HandedOff)
-					if after, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), s); err == nil && c.Slot {
+					if after, err := logrelay.Inspect(ctx, st.Pool(), st.Config(), s); err == nil && c.Slot {
 						fmt.Fprintf(cmd.OutOrStdout(), "the slot relays log-only events committed after %s\n", after.ConfirmedFlush)
 					}
 					return nil
@@ -156,7 +156,7 @@ func slotCmd() *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
-					s, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
+					s, err := logrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
 					if err != nil {
 						return err
 					}
@@ -202,11 +202,11 @@ func slotCmd() *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
-					before, err := walrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
+					before, err := logrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
 					if err != nil {
 						return err
 					}
-					if err := walrelay.DropSlot(ctx, st.Pool(), st.Config(), o.Slot); err != nil {
+					if err := logrelay.DropSlot(ctx, st.Pool(), st.Config(), o.Slot); err != nil {
 						return err
 					}
 					fmt.Fprintln(cmd.OutOrStdout(), "slot and publication dropped")

@@ -24,8 +24,8 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -18,7 +18,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/memstore"
+	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // /readyz asks the broker for every adapter, through the tracing wrapper:
@@ -71,7 +71,7 @@ func TestReadyzChecksBroker(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := core.New(memstore.New(), traced, core.Options{})
+			r, err := core.New(memsource.New(), traced, core.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxhq/outbox/store/pgtest"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/internal/pgtest"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 // In relay.mode log, /readyz carries the log path's checks beside the
@@ -32,7 +32,7 @@ func TestReadyzInLogMode(t *testing.T) {
 	base, _, done := serving(t, rctx, "http", append([]string{"relay", "--mode", "log", "--broker", "stdout"}, args...)...)
 	// Ready only counts once the relay reads the slot it created: before
 	// that, its first session failed for the want of the slot.
-	slot, err := walrelay.Slot{}.Resolve(ctx, pool, cfg)
+	slot, err := logrelay.Slot{}.Resolve(ctx, pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

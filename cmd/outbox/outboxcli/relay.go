@@ -10,7 +10,7 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/walrelay"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 func relayCmd() *cobra.Command {
@@ -113,7 +113,7 @@ func (e *app) runRelay(ctx context.Context) error {
 		"batch_size", e.cfg.Relay.BatchSize, "lanes", e.cfg.Relay.Lanes)
 	// Refused while log relays read this outbox's slot (and they refuse
 	// while this runs): both would publish every row.
-	lock, err := walrelay.LockTableMode(ctx, st.Pool(), sc)
+	lock, err := logrelay.LockTableMode(ctx, st.Pool(), sc)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // keywordDSN renders u as a libpq keyword/value connection string.

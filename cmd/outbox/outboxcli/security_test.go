@@ -34,8 +34,8 @@ import (
 	"github.com/outboxhq/outbox/brokers/gochannel"
 	_ "github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/dedupe"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 // runCLI runs the outbox command line in-process and returns everything it

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/brokers/brokertest"
-	"github.com/outboxhq/outbox/store/pgtest"
+	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
 // readyz fetches /readyz from base: its status and checks.

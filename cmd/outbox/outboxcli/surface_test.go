@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/pflag"
 
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/pgtest"
 )
 
 var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--mode", "--no-wakeups", "--http-listen"}

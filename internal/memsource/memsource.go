@@ -1,0 +1,230 @@
+// Package memsource is an in-memory core.Source with the same claiming rules
+// as the PostgreSQL store: disjoint claims, id order, the per-aggregate gate
+// in ordered mode (with the caller's events in flight) and retry times. It is for tests of the relay engine and of
+// code built on it; it keeps nothing across restarts.
+package memsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// Store holds events in memory. The zero value is not usable; call New.
+type Store struct {
+	mu      sync.Mutex
+	nextID  int64
+	rows    map[int64]*row
+	claimed map[int64]bool
+	// claimErr, when set, is returned by Claim (see SetClaimErr).
+	claimErr error
+}
+
+var _ core.Source = (*Store)(nil)
+
+type row struct {
+	ev         core.Event
+	dispatched bool
+	retryAt    *time.Time // nil: available; zero time: held until retried
+	lastError  string
+}
+
+// New returns an empty store.
+func New() *Store {
+	return &Store{rows: make(map[int64]*row), claimed: make(map[int64]bool)}
+}
+
+// Add appends events as if committed by a producer, assigning ids and UIDs
+// when unset, and returns the ids.
+func (s *Store) Add(events ...core.Event) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]int64, 0, len(events))
+	for _, e := range events {
+		s.nextID++
+		e.Seq = s.nextID
+		if e.ID == "" {
+			e.ID = uuid.NewString()
+		}
+		if e.CreatedAt.IsZero() {
+			e.CreatedAt = time.Now()
+		}
+		s.rows[e.Seq] = &row{ev: e}
+		ids = append(ids, e.Seq)
+	}
+	return ids
+}
+
+// Pending returns the ids of events not yet dispatched, in id order.
+func (s *Store) Pending() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []int64
+	for id, r := range s.rows {
+		if !r.dispatched {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// LastError returns the recorded failure reason of an event.
+func (s *Store) LastError(id int64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.rows[id]; r != nil {
+		return r.lastError
+	}
+	return ""
+}
+
+// Held reports whether an event is held until an operator retries it.
+func (s *Store) Held(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.rows[id]
+	return r != nil && r.retryAt != nil && r.retryAt.IsZero()
+}
+
+// Retry makes a held or backing-off event available now.
+func (s *Store) Retry(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.rows[id]; r != nil {
+		r.retryAt = nil
+	}
+}
+
+// SetClaimErr makes Claim fail with err until called with nil; tests use it
+// to simulate an unreachable database. It is safe to call while relays run.
+func (s *Store) SetClaimErr(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claimErr = err
+}
+
+// Claim implements core.Source.
+func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.claimErr != nil {
+		return nil, s.claimErr
+	}
+	// Events the caller has in flight count as its own for the gate while
+	// they are in an open claim; one whose claim has ended since the caller
+	// listed it is pending like any other, or dispatched.
+	inFlight := make(map[int64]bool, len(req.InFlight))
+	for _, id := range req.InFlight {
+		inFlight[id] = s.claimed[id]
+	}
+	now := time.Now()
+	ids := make([]int64, 0, len(s.rows))
+	for id, r := range s.rows {
+		if !r.dispatched {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	// blocked holds aggregates whose earliest pending event is not ours.
+	blocked := make(map[string]bool)
+	c := &claim{s: s}
+	for _, id := range ids {
+		if len(c.events) >= req.Limit {
+			break
+		}
+		r := s.rows[id]
+		agg := r.ev.AggregateID
+		available := !s.claimed[id] && (r.retryAt == nil || (!r.retryAt.IsZero() && !r.retryAt.After(now)))
+		if !req.Unordered && blocked[agg] {
+			continue
+		}
+		if inFlight[id] {
+			continue
+		}
+		if !available {
+			blocked[agg] = true
+			continue
+		}
+		s.claimed[id] = true
+		// A copy, so a publisher touching it cannot change the stored row.
+		e := r.ev
+		e.Payload = slices.Clone(e.Payload)
+		e.Headers = maps.Clone(e.Headers)
+		c.events = append(c.events, e)
+	}
+	return c, nil
+}
+
+type claim struct {
+	s      *Store
+	events []core.Event
+	ended  bool
+}
+
+var _ core.Claim = (*claim)(nil)
+
+func (c *claim) Events() []core.Event { return c.events }
+
+func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	// Only this claim's events may be recorded, as they are the only ones
+	// it holds.
+	mine := make(map[int64]bool, len(c.events))
+	for _, e := range c.events {
+		mine[e.Seq] = true
+	}
+	for _, id := range done {
+		if !mine[id] {
+			return fmt.Errorf("complete claim: event %d is not in this claim", id)
+		}
+	}
+	for _, f := range failed {
+		if !mine[f.Seq] {
+			return fmt.Errorf("complete claim: failed event %d is not in this claim", f.Seq)
+		}
+	}
+	if err := c.end(); err != nil {
+		return err
+	}
+	for _, id := range done {
+		c.s.rows[id].dispatched = true
+	}
+	for _, f := range failed {
+		r := c.s.rows[f.Seq]
+		r.ev.Attempts++
+		r.lastError = f.Reason
+		t := f.RetryAt
+		r.retryAt = &t
+	}
+	return nil
+}
+
+func (c *claim) Release(ctx context.Context) error {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.end()
+}
+
+func (c *claim) end() error {
+	if c.ended {
+		return errors.New("claim already ended")
+	}
+	c.ended = true
+	for _, e := range c.events {
+		delete(c.s.claimed, e.Seq)
+	}
+	return nil
+}

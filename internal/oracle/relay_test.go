@@ -1,0 +1,140 @@
+package oracle_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/internal/oracle"
+	"github.com/outboxhq/outbox/internal/pgtest"
+	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/logrelay"
+)
+
+// relay is one relay process of the history's mode, wired as the outbox
+// command wires it: in table mode a core.Relay over the table; in log mode
+// a logrelay.Pair (the log relay and, beside it, a core.Relay over the
+// handoff view).
+type relay struct {
+	name  string // application_name of its sessions
+	pool  *pgxpool.Pool
+	table *core.Relay
+	log   *logrelay.Relay
+
+	cancel  context.CancelFunc
+	logDone chan error
+}
+
+// Fast timers: the run settles within a few hundred milliseconds.
+var (
+	retryBackoff = core.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
+	errorBackoff = core.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
+)
+
+func (d *driver) start() {
+	d.t.Helper()
+	d.generation++
+	r := &relay{name: fmt.Sprintf("oracle-%s-%d", d.cfg.Schema, d.generation)}
+	pc, err := pgxpool.ParseConfig(pgtest.URL(d.t))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	pc.MaxConns = 6
+	pc.ConnConfig.RuntimeParams["application_name"] = r.name
+	if r.pool, err = pgxpool.NewWithConfig(context.Background(), pc); err != nil {
+		d.t.Fatal(err)
+	}
+	ro := core.Options{
+		BatchSize: 20, Lanes: 4, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
+		ShutdownTimeout: 2 * time.Second, Unordered: d.h.Mode == oracle.TableUnordered,
+		RetryBackoff: retryBackoff, ErrorBackoff: errorBackoff,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	if !d.h.Mode.Log() {
+		st, err := store.New(r.pool, d.cfg, nil)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		if r.table, err = core.New(st, d.pub, ro); err != nil {
+			d.t.Fatal(err)
+		}
+		if err := r.table.Start(ctx); err != nil {
+			d.t.Fatal(err)
+		}
+		d.relay = r
+		return
+	}
+	lo := logrelay.Options{
+		Store: d.cfg, Slot: d.slot,
+		Options: core.Options{Lanes: 4, PublishTimeout: 2 * time.Second, RetryBackoff: retryBackoff, HandOffAfter: 3,
+			ErrorBackoff: errorBackoff, ShutdownTimeout: 2 * time.Second},
+		StandbyInterval: 100 * time.Millisecond, StatusInterval: 100 * time.Millisecond,
+		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second,
+		ApplicationName: r.name,
+	}
+	pair, err := logrelay.NewPair(r.pool, d.pub, lo, ro)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	r.table, r.log = pair.Table, pair.Log
+	r.logDone = make(chan error, 1)
+	go func() { r.logDone <- pair.Run(ctx) }()
+	// The slot exists once the relay holds it; events written before
+	// then are written before the slot.
+	deadline := time.Now().Add(20 * time.Second)
+	for !r.log.Holding() {
+		if time.Now().After(deadline) {
+			d.t.Fatal("the log relay did not take its slot within 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.slotMade = true
+	d.relay = r
+}
+
+func (r *relay) wake() { r.table.Wake() }
+
+// stop stops the relay gracefully.
+func (d *driver) stop() {
+	d.t.Helper()
+	if d.relay == nil {
+		return
+	}
+	r := d.relay
+	d.relay = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.table.Stop(ctx); err != nil {
+		d.t.Errorf("stop the table relay: %v", err)
+	}
+	r.cancel()
+	if r.log != nil {
+		if err := <-r.logDone; err != nil {
+			d.t.Errorf("log relay: %v", err)
+		}
+	}
+	r.pool.Close()
+}
+
+// kill stops the relay as a crash does: its database sessions end first
+// (open claims roll back, the replication connection drops), then the
+// process stops without waiting for publishes in flight.
+func (r *relay) kill(t *testing.T, admin *pgxpool.Pool) {
+	t.Helper()
+	if _, err := admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", r.name); err != nil {
+		t.Fatalf("terminate %s: %v", r.name, err)
+	}
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = r.table.Stop(expired)
+	r.cancel()
+	if r.log != nil {
+		<-r.logDone // its error is the killed connection's
+	}
+	r.pool.Close()
+}

@@ -1,0 +1,158 @@
+package logrelay
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxhq/outbox/core/event"
+	"github.com/outboxhq/outbox/store"
+)
+
+// decodeRow turns an inserted row into an item. Columns are found by
+// name, and read as text, so the decoding does not depend on their types
+// (an aggregate_id of type uuid or text) or on columns it does not know.
+// skip is true for a row the log relay must not publish: one already
+// handed to the table (the relay's own inserts of log-only events), or one
+// inserted dispatched or parked.
+func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commit time.Time, cfg store.Config) (it *item, skip bool) {
+	col := map[string]*string{}
+	if tuple != nil {
+		for i, c := range tuple.Columns {
+			if i >= len(rel.Columns) {
+				break
+			}
+			if c.DataType == pglogrepl.TupleDataTypeText || c.DataType == pglogrepl.TupleDataTypeBinary {
+				v := string(c.Data)
+				col[rel.Columns[i].Name] = &v
+			}
+		}
+	}
+	if col["handoff_at"] != nil || col["dispatched_at"] != nil || col["parked_at"] != nil {
+		return nil, true
+	}
+	it = &item{row: true}
+	e := &it.ev
+	e.CreatedAt = commit
+	var bad []string
+	str := func(name string) string {
+		if v := col[name]; v != nil {
+			return *v
+		}
+		bad = append(bad, name+" is missing")
+		return ""
+	}
+	if seq, err := strconv.ParseInt(str("seq"), 10, 64); err == nil {
+		e.Seq = seq
+	} else {
+		// Without its seq the row cannot be marked or held: nothing to
+		// do but leave it pending for the table's operators.
+		return nil, true
+	}
+	e.ID = str("event_id")
+	e.AggregateID = str("aggregate_id")
+	e.Type = str("type")
+	// One of the two payload columns is set (the table checks it): JSON
+	// in payload, any other content type's bytes in payload_bytes.
+	var payload []byte
+	if v := col["payload"]; v != nil {
+		payload = []byte(*v)
+	} else if v := col["payload_bytes"]; v != nil {
+		// Hex, as the session asks (bytea_output); an empty payload is
+		// a payload, not nil.
+		b, ok := strings.CutPrefix(*v, `\x`)
+		payload = make([]byte, hex.DecodedLen(len(b)))
+		if _, err := hex.Decode(payload, []byte(b)); !ok || err != nil {
+			bad = append(bad, "payload_bytes is not in bytea's hex format")
+		}
+	} else {
+		bad = append(bad, "payload and payload_bytes are missing")
+	}
+	if v := col["content_type"]; v != nil {
+		e.ContentType = *v
+	}
+	if v := col["topic"]; v != nil {
+		e.Topic = *v
+	}
+	if v := col["created_at"]; v != nil {
+		if t, ok := timestamp(*v); ok {
+			e.CreatedAt = t
+		}
+	}
+	if v := col["attempts"]; v != nil {
+		e.Attempts, _ = strconv.Atoi(*v)
+	}
+	headers := col["headers"]
+	it.size = int64(len(payload))
+	if headers != nil {
+		it.size += int64(len(*headers))
+	}
+	var deliverAt time.Time
+	if v := col["deliver_at"]; v != nil {
+		t, ok := timestamp(*v)
+		if !ok {
+			// Never publish a scheduled event early: the table path
+			// reads the column itself.
+			it.wait = true
+			return it, false
+		}
+		deliverAt = t
+	}
+	if v := col["retry_at"]; v != nil {
+		// A scheduled row (migration 7's trigger copies deliver_at into
+		// retry_at) is the log relay's to publish once due; any other
+		// row inserted to wait (held, or retried later) the table path's.
+		if t, ok := timestamp(*v); !ok || deliverAt.IsZero() || !t.Equal(deliverAt) || e.Attempts > 0 {
+			it.wait = true
+			return it, false
+		}
+	}
+	it.deliverAt = deliverAt
+	if len(bad) > 0 {
+		it.bad = fmt.Errorf("row %d: %s", e.Seq, strings.Join(bad, ", "))
+	} else {
+		// The table source's check of a claimed row.
+		e.Headers, it.bad = event.CheckRow(e.Type, headers, it.size, cfg.MaxEventBytes)
+	}
+	if it.bad == nil {
+		e.Payload = payload
+	}
+	return it, false
+}
+
+// timestamp reads a timestamptz column as the stream sends it (text).
+func timestamp(v string) (time.Time, bool) {
+	var t pgtype.Timestamptz
+	if err := t.Scan(v); err != nil || t.InfinityModifier != pgtype.Finite {
+		return time.Time{}, false
+	}
+	return t.Time, true
+}
+
+// decodeMessage turns a logical decoding message of the outbox's prefix
+// into an item. Its seq is the message's WAL position: unique, though not
+// an order across transactions.
+func decodeMessage(m *pglogrepl.LogicalDecodingMessage, commit time.Time, cfg store.Config) *item {
+	// The message's bytes live in the connection's buffer: copy them.
+	content := append([]byte(nil), m.Content...)
+	it := &item{raw: content, size: int64(len(content))}
+	it.ev.Seq = int64(m.LSN)
+	it.ev.CreatedAt = commit
+	msg, err := event.DecodeMessage(content)
+	it.ev.ID, it.ev.AggregateID, it.ev.Type, it.ev.Headers = msg.ID, msg.AggregateID, msg.Type, msg.Headers
+	it.ev.ContentType, it.ev.Topic, it.deliverAt = msg.ContentType, msg.Topic, msg.DeliverAt
+	switch {
+	case err != nil:
+		it.bad = err
+	case len(content) > cfg.MaxEventBytes:
+		it.bad = fmt.Errorf("event message is %d bytes, over the relay's limit of %d", len(content), cfg.MaxEventBytes)
+	default:
+		it.ev.Payload = msg.Payload
+	}
+	return it
+}

@@ -1,0 +1,273 @@
+package logrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxhq/outbox/core"
+)
+
+// The stream is the engine's source (core.Source): a claim takes the
+// events read so far, in stream order. The engine publishes them; a claim
+// cannot offer an event again (the slot gives each once per session), so
+// it is a core.HandOffer: what is not published goes to the table, in its
+// aggregate's order. An event is done, and its transaction may be
+// confirmed, once it is handed off, or published and, for a row, marked
+// dispatched.
+
+var (
+	_ core.Source    = (*stream)(nil)
+	_ core.HandOffer = (*claim)(nil)
+)
+
+// Claim takes up to req.Limit buffered events, less the rows published
+// already (dropSent). The stream keeps each aggregate's order whatever
+// req says.
+func (s *stream) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
+	for {
+		c := s.take(req.Limit)
+		if !c.dropSent(ctx) || len(c.items) > 0 {
+			return c, nil
+		}
+	}
+}
+
+// take takes up to limit buffered events.
+func (s *stream) take(limit int) *claim {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := &claim{s: s, bySeq: map[int64]*item{}}
+	n := 0
+	for n < len(s.buffered) && n < limit {
+		it := s.buffered[n]
+		if c.bySeq[it.ev.Seq] != nil {
+			// A row's seq equal to a message's position: the claim knows
+			// its events by seq, so the second goes in the next claim.
+			break
+		}
+		c.bySeq[it.ev.Seq] = it
+		c.items = append(c.items, it)
+		n++
+	}
+	clear(s.buffered[:n])
+	s.buffered = s.buffered[n:]
+	return c
+}
+
+// dropSent leaves out, as done, the rows that a relay reading the slot
+// before this session published and marked dispatched but had not
+// confirmed when it stopped (killed, frozen past wal_sender_timeout, its
+// session failed): the slot gives them again, the table says they went
+// out. Only rows read from before the session's horizon are looked up;
+// when the lookup fails they are published again. It says whether it
+// left any out.
+func (c *claim) dropSent(ctx context.Context) bool {
+	var seqs []int64
+	for _, it := range c.items {
+		if it.row && it.maybeSent {
+			seqs = append(seqs, it.ev.Seq)
+		}
+	}
+	if len(seqs) == 0 {
+		return false
+	}
+	s := c.s
+	// Bounded: a server cut off would hold the claim, so the engine.
+	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
+	done, err := s.r.sql.Dispatched(lctx, s.r.pool, seqs)
+	cancel()
+	if err != nil || len(done) == 0 {
+		if err != nil && ctx.Err() == nil {
+			s.r.log.Warn("log relay: rows read again after a takeover are published again: looking up which went out failed", "rows", len(seqs), "error", err)
+		}
+		return false
+	}
+	sent := make(map[int64]bool, len(done))
+	for _, seq := range done {
+		sent[seq] = true
+	}
+	kept := c.items[:0]
+	for _, it := range c.items {
+		if it.row && it.maybeSent && sent[it.ev.Seq] {
+			delete(c.bySeq, it.ev.Seq)
+			s.finish(it)
+			continue
+		}
+		kept = append(kept, it)
+	}
+	clear(c.items[len(kept):])
+	c.items = kept
+	s.r.log.Debug("log relay: rows read again, published already, left out", "rows", len(done))
+	return true
+}
+
+// claim is a run of events read from the stream.
+type claim struct {
+	s     *stream
+	items []*item
+	bySeq map[int64]*item
+}
+
+func (c *claim) Events() []core.Event {
+	out := make([]core.Event, len(c.items))
+	for i, it := range c.items {
+		out[i] = it.ev
+	}
+	return out
+}
+
+// Release is the end of an empty claim: nothing to record.
+func (c *claim) Release(context.Context) error { return nil }
+
+// Complete marks the published rows dispatched, with those of the claims
+// that finish meanwhile (marker), retrying until it succeeds (an event
+// nobody recorded must not be confirmed), and counts the published events
+// done. The engine records no failures here, having handed them off; any
+// that come are handed off too.
+func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failure) error {
+	s := c.s
+	var rows []*item
+	for _, seq := range done {
+		if it := c.bySeq[seq]; it != nil && it.row {
+			rows = append(rows, it)
+		}
+	}
+	if err := s.marks.mark(ctx, rows); err != nil {
+		return fmt.Errorf("mark %d events dispatched: %w", len(rows), err)
+	}
+	for _, seq := range done {
+		if it := c.bySeq[seq]; it != nil {
+			s.finish(it)
+		}
+	}
+	for _, f := range failed {
+		if it := c.bySeq[f.Seq]; it != nil {
+			if _, err := retry(ctx, s, "hand event to the table", func() (struct{}, error) { return struct{}{}, c.HandOff(ctx, &it.ev, &f) }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeMarks marks rows dispatched, a batch at a time, each retried until
+// it succeeds or ctx ends: an event nobody recorded must not be confirmed.
+func (s *stream) writeMarks(ctx context.Context, rows []*item) error {
+	for i := 0; i < len(rows); i += s.r.opts.BatchSize {
+		part := rows[i:min(i+s.r.opts.BatchSize, len(rows))]
+		missing, err := retry(ctx, s, "mark events dispatched", func() (int, error) {
+			return s.r.sql.mark(ctx, s.r.pool, s.r.log, part)
+		})
+		if err != nil {
+			return err
+		}
+		if missing > 0 {
+			s.r.log.Warn("published rows not found to mark; deleted since", "rows", missing)
+		}
+	}
+	return nil
+}
+
+// MustHandOff says whether e goes to the table: an earlier event of its
+// aggregate waits there, it was inserted to wait or is scheduled, or it
+// cannot be relayed.
+func (c *claim) MustHandOff(ctx context.Context, e *core.Event) (bool, error) {
+	it := c.bySeq[e.Seq]
+	if it == nil {
+		return false, fmt.Errorf("event %d is not in this claim", e.Seq)
+	}
+	if it.bad != nil || it.wait || it.deliverAt.After(c.s.serverNow()) {
+		return true, nil
+	}
+	return c.s.isHandedOff(ctx, e.AggregateID)
+}
+
+// HandOff records e in the table for the table path: held with f's
+// reason, or, with f nil, held when it cannot be relayed and pending
+// otherwise (behind its aggregate's handed-off event, or scheduled). The
+// aggregate's later events follow it there.
+func (c *claim) HandOff(ctx context.Context, e *core.Event, f *core.Failure) error {
+	s := c.s
+	it := c.bySeq[e.Seq]
+	if it == nil {
+		return fmt.Errorf("event %d is not in this claim", e.Seq)
+	}
+	it.ev.Attempts = e.Attempts
+	var reason error
+	switch {
+	case f != nil && !f.RetryAt.IsZero():
+		reason, it.retryAt = errors.New(f.Reason), f.RetryAt
+		s.r.log.Warn("event handed to the table after failing while others were published; retried there",
+			"event_seq", e.Seq, "event_id", e.ID, "aggregate_id", e.AggregateID, "type", e.Type,
+			"attempts", e.Attempts, "retry_at", it.retryAt, "error", f.Reason)
+	case f != nil:
+		reason = errors.New(f.Reason)
+	case it.bad != nil:
+		reason = core.Permanent(fmt.Errorf("cannot relay event: %w", it.bad))
+	}
+	if err := s.r.sql.handoff(ctx, s.r.pool, s.r.log, s.conn.PID(), it, reason); err != nil {
+		return err
+	}
+	if reason != nil && it.retryAt.IsZero() {
+		s.r.log.Warn("event held in the table: it cannot be published", "event_seq", e.Seq, "event_id", e.ID,
+			"aggregate_id", e.AggregateID, "type", e.Type, "error", reason)
+	}
+	if f == nil && it.bad != nil {
+		s.r.obs.Rejected(&it.ev, reason)
+		s.r.obs.Completed(0, 1, 0)
+	}
+	s.mu.Lock()
+	s.noteLocked(e.AggregateID, s.handedOff[e.AggregateID].xid)
+	s.mu.Unlock()
+	if s.r.opts.HandedOff != nil {
+		s.r.opts.HandedOff()
+	}
+	s.finish(it)
+	return nil
+}
+
+// retry calls f until it succeeds, backing off with ErrorBackoff; the
+// error is ctx's once it ends first.
+func retry[T any](ctx context.Context, s *stream, what string, f func() (T, error)) (T, error) {
+	for attempt := 0; ; attempt++ {
+		v, err := f()
+		if err == nil {
+			return v, nil
+		}
+		if ctx.Err() != nil {
+			return v, ctx.Err()
+		}
+		if serverStopping(err) {
+			s.serverStops(err)
+		}
+		wait := s.r.opts.ErrorBackoff.Delay(attempt)
+		s.r.obs.Errored("record", err)
+		s.r.log.Error("log relay: "+what+" failed", "error", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return v, ctx.Err()
+		}
+	}
+}
+
+// serverStopping reports the error of a server that refuses connections
+// because it is shutting down (a session it ended on the way says only
+// that it was terminated, as pg_terminate_backend does).
+func serverStopping(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57P03" // cannot_connect_now
+}
+
+// serverStops ends the stream once the server is shutting down. A fast
+// shutdown waits until every walsender's client has confirmed all it was
+// sent, and the events in flight cannot be recorded, so not confirmed,
+// until the server is back: kept open, the stream would hold the shutdown
+// until it timed out. The next session reads them again.
+func (s *stream) serverStops(err error) {
+	s.stopOnce.Do(func() {
+		s.stopCause = err
+		close(s.stopping)
+	})
+}
