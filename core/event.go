@@ -20,86 +20,6 @@ type Event struct {
 	Attempts    int // failed publish attempts so far
 }
 
-// Source is where the relay finds committed events. Implementations must make
-// concurrent claims disjoint: no event is in two open claims at once.
-type Source interface {
-	// Claim takes up to req.Limit pending events in id order and holds them
-	// until the returned Claim is completed or released. An empty claim is
-	// valid. In ordered mode the store returns an event only when every
-	// earlier pending event of its aggregate is in the same claim or in
-	// req.InFlight.
-	Claim(ctx context.Context, req ClaimOptions) (Claim, error)
-}
-
-// ClaimOptions says how many events to claim and whether order matters.
-type ClaimOptions struct {
-	Limit     int
-	Unordered bool
-	// InFlight lists the seqs of events the caller holds in its own open
-	// claims and publishes, in order, before any event of their aggregates
-	// that this claim returns. In ordered mode they count as part of this claim for
-	// the gate, so a relay can claim the next events of an aggregate while
-	// earlier ones are still on their way. Events whose publish failed do
-	// not belong here: left out, they hold their aggregate back. Events of
-	// another relay's claims must never be listed.
-	InFlight []int64
-	// HeldBack lists aggregates the caller holds back: it holds an earlier
-	// event of each that it does not list in InFlight (a publish that
-	// stalls, or an aggregate with enough queued already). In ordered mode
-	// the store may leave their events out of the scan altogether, so
-	// they do not take the room of other aggregates' events; it is a
-	// hint, the gate holds them back either way.
-	HeldBack []string
-}
-
-// Claim is a set of events held by one relay.
-type Claim interface {
-	Events() []Event
-	// Complete marks done as dispatched, records failed, and ends the claim.
-	// Events in neither list stay pending, untouched.
-	Complete(ctx context.Context, done []int64, failed []Failure) error
-	// Release ends the claim and records nothing.
-	Release(ctx context.Context) error
-}
-
-// Truncated is an optional Claim capability: Truncated reports that the
-// store left pending events out of the claim (other relays hold earlier
-// events of their aggregates, or the claim reached its byte limit). Work is
-// waiting, so the relay comes back after a short pause instead of its poll
-// interval.
-type Truncated interface {
-	Truncated() bool
-}
-
-// Rejecter is an optional Claim capability: Rejected lists claimed rows the
-// store could not turn into events (headers of the wrong shape, a payload
-// over its size limit). The relay holds each one in Complete like a
-// permanent publish failure, so a bad row never stops the other aggregates
-// and is never dropped.
-type Rejecter interface {
-	Rejected() []Rejection
-}
-
-// HandOffer is an optional Claim capability of a source that cannot offer
-// an event again, such as a replication stream: an event it gives out is
-// either published or handed off, to a place where it waits and is offered
-// again (the outbox table), never left pending. The relay calls both
-// methods from the event's lane, so one aggregate's hand-offs happen in its
-// order; a failed hand-off is retried with ErrorBackoff until it succeeds
-// or the relay stops. For such a claim a transient publish failure is
-// retried in place (see Options.HandOffAfter) and Complete gets no
-// failures: the hand-offs have recorded them.
-type HandOffer interface {
-	// MustHandOff reports whether e goes to the hand-off place instead of
-	// the broker: an earlier event of its aggregate waits there, or e is
-	// not due yet, or it cannot be published at all.
-	MustHandOff(ctx context.Context, e *Event) (bool, error)
-	// HandOff hands e off: held with f's reason (retried at f.RetryAt
-	// when set), or, with f nil, as the source decides (waiting, or held
-	// when it cannot be published at all).
-	HandOff(ctx context.Context, e *Event, f *Failure) error
-}
-
 // Rejection is a claimed row that cannot be relayed. Event holds what could
 // be read; its Payload is nil.
 type Rejection struct {
@@ -126,79 +46,12 @@ type Publisher interface {
 	Close() error
 }
 
-// Notifier is an optional Store capability: Listen calls wake soon after new
-// events commit, until ctx is done. It reconnects by itself after a dropped
-// connection and returns only when ctx is done.
-type Notifier interface {
-	Listen(ctx context.Context, wake func()) error
-}
-
-// Sleeper is an optional capability of a Notifier whose producers wake a
-// relay only while one sleeps, so that a busy relay costs them nothing:
-// the relay says when it is about to wait for a wake-up, and when it woke.
-type Sleeper interface {
-	// Sleep asks producers to wake the relay from now on, and returns
-	// without waiting for them. now means every event committed without
-	// waking the relay is visible to a claim made now (the relay claims
-	// once more); otherwise producers that wrote without waking it are
-	// still open, and the store wakes the relay (and every other sleeping
-	// one) once they have committed. After an error, or a failure Sleep
-	// cannot report, the relay relies on its poll interval, and makes the
-	// sleep anew after each poll.
-	Sleep(ctx context.Context) (now bool, err error)
-	// Awake ends Sleep's effect: producers stop waking the relay.
-	Awake(ctx context.Context) error
-}
-
-// Sharer is an optional Store capability for ordered mode: Share runs for
-// the relay's life, until ctx is done, and divides the store's ordered work
-// between the relays that share it, so that each claims from its own part
-// (the PostgreSQL store: partitions of aggregates, each owned by one relay
-// at a time). It calls changed with the relay's part, from 0 to 1 of the
-// work, whenever the part changes (the relay then claims at once, and
-// opens its part of Options.Claimers), and reconnects by itself. Sharing
-// only keeps relays out of each other's way: claims must stay disjoint and
-// ordered whatever the parts, as when a relay that lost a part still has
-// claims open in it.
-type Sharer interface {
-	Share(ctx context.Context, changed func(part float64)) error
-}
-
-// Pinger is an optional capability of a Store or Publisher: it reports
-// whether the backing server is reachable, for readiness checks. A Ping
-// that cannot ask its server returns an error wrapping
-// errors.ErrUnsupported: the server then counts as neither up nor down
-// (readiness and the relay's outage probe ignore it; the log relay does
-// not take it for a broker that answers).
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// BacklogReader is an optional Store capability: it counts the events
-// still to publish, for the backlog gauges (core/metrics.Poller).
-// stuckAfter is how long an event may wait before it counts as stuck;
-// zero means the store's default.
-type BacklogReader interface {
-	Backlog(ctx context.Context, stuckAfter time.Duration) (Backlog, error)
-}
-
-// Backlog is a snapshot of the events not yet published.
-type Backlog struct {
-	Pending  int64 // neither published nor parked
-	Retrying int64 // pending and backing off after a transient failure
-	Held     int64 // pending and held for an operator by a permanent failure
-	Parked   int64 // set aside by an operator
-	Stuck    int64 // due for longer than stuckAfter, or held
-	// OldestPendingAge is how long the oldest pending event has been due;
-	// zero when none is.
-	OldestPendingAge time.Duration
-}
-
 // PermanentError marks a publish failure that retrying cannot fix: a message
 // too large, a type with no route, a message the broker rejects.
 type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+
 func (e *PermanentError) Unwrap() error { return e.Err }
 
 // Permanent wraps err so the relay holds the event for an operator instead of
@@ -224,6 +77,7 @@ func IsPermanent(err error) bool {
 type UndeliverableError struct{ Err error }
 
 func (e *UndeliverableError) Error() string { return e.Err.Error() }
+
 func (e *UndeliverableError) Unwrap() error { return e.Err }
 
 // Undeliverable wraps err as an UndeliverableError. Undeliverable(nil) is

@@ -7,7 +7,7 @@ import (
 )
 
 // The relay streams: one claim loop keeps up to Options.Claimers claims
-// open, their events wait in the lanes' queues, Options.Lanes workers
+// open, their events wait in the scheduler's queues, Options.Lanes workers
 // publish them, and each claim is recorded, in its own transaction, as soon
 // as the last of its events is resolved. No claim waits for another: the
 // next batch is claimed while the last is published and the one before it
@@ -62,13 +62,14 @@ type queue struct {
 	inReady bool
 }
 
-// lanes is the relay's scheduler: queues of claimed events, the workers'
-// ready list, and the set of open batches.
-type lanes struct {
+// scheduler is what the relay's lanes publish from: the queues of claimed
+// events, the ready list the lanes take from, and the set of open batches.
+// A lane is one publishing worker (Options.Lanes).
+type scheduler struct {
 	ordered bool
 
 	mu      sync.Mutex
-	cond    *sync.Cond // a queue became ready, or the lanes closed
+	cond    *sync.Cond // a queue became ready, or the scheduler closed
 	queues  map[string]*queue
 	all     *queue   // unordered: the one queue
 	ready   []*queue // queues with an event to publish and no busy lane
@@ -97,7 +98,7 @@ type lanes struct {
 	// wake makes the relay claim now: an aggregate it held back may take
 	// new events again.
 	wake func()
-	// drop is called with batches that the lanes resolved completely.
+	// drop is called with batches that the scheduler resolved completely.
 	drop func(*batch)
 	// roomBelow: kick is signalled when waiting falls below it.
 	roomBelow int
@@ -110,21 +111,21 @@ type lanes struct {
 // maxSpare bounds the emptied queues kept for reuse.
 const maxSpare = 1024
 
-func newLanes(ordered bool, roomBelow int, drop func(*batch), wake func()) *lanes {
-	l := &lanes{
+func newScheduler(ordered bool, roomBelow int, drop func(*batch), wake func()) *scheduler {
+	s := &scheduler{
 		ordered: ordered, queues: map[string]*queue{}, open: map[*batch]bool{},
 		cutFrom: map[string]uint64{}, stalled: map[string]bool{},
 		aggCap: max(1, roomBelow/4), capped: map[string]bool{}, wake: wake,
 		drop: drop, roomBelow: roomBelow, kick: make(chan struct{}, 1),
 		all: &queue{},
 	}
-	l.cond = sync.NewCond(&l.mu)
-	return l
+	s.cond = sync.NewCond(&s.mu)
+	return s
 }
 
-func (l *lanes) signal() {
+func (s *scheduler) signal() {
 	select {
-	case l.kick <- struct{}{}:
+	case s.kick <- struct{}{}:
 	default:
 	}
 }
@@ -134,79 +135,79 @@ func (l *lanes) signal() {
 // published or published, except for the aggregates it holds back, which
 // it returns: stalled ones and those with aggCap events queued. Failed and
 // let-go events are left out, so the gate holds their aggregates back.
-func (l *lanes) startClaim() (seq uint64, inFlight []int64, heldBack []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.claimSeq++
-	if !l.ordered {
-		return l.claimSeq, nil, nil
+func (s *scheduler) startClaim() (seq uint64, inFlight []int64, heldBack []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claimSeq++
+	if !s.ordered {
+		return s.claimSeq, nil, nil
 	}
-	for key := range l.stalled {
+	for key := range s.stalled {
 		heldBack = append(heldBack, key)
 	}
-	for key, q := range l.queues {
-		if len(q.items) >= l.aggCap && !l.stalled[key] {
-			l.capped[key] = true
+	for key, q := range s.queues {
+		if len(q.items) >= s.aggCap && !s.stalled[key] {
+			s.capped[key] = true
 			heldBack = append(heldBack, key)
 		}
 	}
-	for b := range l.open {
+	for b := range s.open {
 		for i := range b.events {
 			switch b.states[i] {
 			case stQueued, stPublishing, stPublished:
 				key := b.events[i].AggregateID
-				if !l.stalled[key] && !l.capped[key] {
+				if !s.stalled[key] && !s.capped[key] {
 					inFlight = append(inFlight, b.events[i].Seq)
 				}
 			}
 		}
 	}
-	return l.claimSeq, inFlight, heldBack
+	return s.claimSeq, inFlight, heldBack
 }
 
 // add queues a claimed batch. Its rejected rows are resolved as failures
 // by the caller. It returns false when the batch needs no lane at all.
-func (l *lanes) add(b *batch) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.open[b] = true
+func (s *scheduler) add(b *batch) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.open[b] = true
 	for i := range b.events {
-		q := l.all
-		if l.ordered {
+		q := s.all
+		if s.ordered {
 			key := b.events[i].AggregateID
-			if from, ok := l.cutFrom[key]; ok && b.seq < from {
+			if from, ok := s.cutFrom[key]; ok && b.seq < from {
 				b.states[i] = stLeft
 				b.remaining--
 				continue
 			}
-			if q = l.queues[key]; q == nil {
-				if n := len(l.spare); n > 0 {
-					q, l.spare = l.spare[n-1], l.spare[:n-1]
+			if q = s.queues[key]; q == nil {
+				if n := len(s.spare); n > 0 {
+					q, s.spare = s.spare[n-1], s.spare[:n-1]
 					q.key = key
 				} else {
 					q = &queue{key: key}
 				}
-				l.queues[key] = q
+				s.queues[key] = q
 			}
 		}
 		q.items = append(q.items, item{b, i})
-		l.waiting++
-		if l.ordered && len(q.items) > l.aggCap {
-			l.excess++
+		s.waiting++
+		if s.ordered && len(q.items) > s.aggCap {
+			s.excess++
 		}
 		if !q.busy && !q.inReady {
 			q.inReady = true
-			l.ready = append(l.ready, q)
-			l.cond.Signal()
-		} else if !l.ordered {
+			s.ready = append(s.ready, q)
+			s.cond.Signal()
+		} else if !s.ordered {
 			// Unordered: every event can go to a lane of its own.
-			l.cond.Signal()
+			s.cond.Signal()
 		}
 	}
 	// Entries no claim still running can be affected by are spent.
-	for key, from := range l.cutFrom {
+	for key, from := range s.cutFrom {
 		if from <= b.seq+1 {
-			delete(l.cutFrom, key)
+			delete(s.cutFrom, key)
 		}
 	}
 	// One lane woken per queue made ready (per event unordered): a
@@ -215,36 +216,36 @@ func (l *lanes) add(b *batch) bool {
 }
 
 // take blocks until an event is ready to publish and marks it publishing;
-// false means the lanes are closed.
-func (l *lanes) take() (item, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for len(l.ready) == 0 && !l.closed {
-		l.cond.Wait()
+// false means the scheduler is closed.
+func (s *scheduler) take() (item, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.ready) == 0 && !s.closed {
+		s.cond.Wait()
 	}
-	if len(l.ready) == 0 {
+	if len(s.ready) == 0 {
 		return item{}, false
 	}
-	q := l.ready[0]
-	l.ready[0] = nil
-	l.ready = l.ready[1:]
+	q := s.ready[0]
+	s.ready[0] = nil
+	s.ready = s.ready[1:]
 	it := q.items[0]
-	if l.ordered && len(q.items) > l.aggCap {
-		l.excess--
+	if s.ordered && len(q.items) > s.aggCap {
+		s.excess--
 	}
 	q.items[0] = item{}
 	q.items = q.items[1:]
-	l.waiting--
-	if l.waiting-l.excess == l.roomBelow-1 {
-		l.signal()
+	s.waiting--
+	if s.waiting-s.excess == s.roomBelow-1 {
+		s.signal()
 	}
 	it.b.states[it.i] = stPublishing
-	if l.ordered {
+	if s.ordered {
 		q.busy, q.busyB, q.since, q.inReady = true, it.b, time.Now(), false
-		l.uncap(q)
+		s.uncap(q)
 	} else if len(q.items) > 0 {
 		// Unordered: other lanes take the next events at once.
-		l.ready = append(l.ready, q)
+		s.ready = append(s.ready, q)
 	} else {
 		q.inReady = false
 	}
@@ -255,50 +256,50 @@ func (l *lanes) take() (item, bool) {
 // recorded with it, if any. In ordered mode an event failed or left lets
 // its aggregate's queued events go, so none passes it; a handed-off one
 // does not: the claim hands the aggregate's next events off after it.
-func (l *lanes) finish(it item, st state, err error) {
+func (s *scheduler) finish(it item, st state, err error) {
 	var resolved []*batch
-	l.mu.Lock()
+	s.mu.Lock()
 	b := it.b
 	b.states[it.i] = st
 	b.errs[it.i] = err
-	if done := l.resolve(b); done {
+	if done := s.resolve(b); done {
 		resolved = append(resolved, b)
 	}
-	if l.ordered {
+	if s.ordered {
 		key := b.events[it.i].AggregateID
-		q := l.queues[key]
+		q := s.queues[key]
 		q.busy, q.busyB = false, nil
-		if l.stalled[key] {
-			delete(l.stalled, key)
-			l.wake() // its later events may be claimed now
+		if s.stalled[key] {
+			delete(s.stalled, key)
+			s.wake() // its later events may be claimed now
 		}
 		if st == stFailed || st == stLeft {
-			resolved = append(resolved, l.letGo(q, 0)...)
-			l.cutFrom[key] = l.claimSeq + 1
+			resolved = append(resolved, s.letGo(q, 0)...)
+			s.cutFrom[key] = s.claimSeq + 1
 		}
 		if len(q.items) > 0 {
 			q.inReady = true
-			l.ready = append(l.ready, q)
-			l.cond.Signal()
+			s.ready = append(s.ready, q)
+			s.cond.Signal()
 		} else {
 			// Neither busy nor ready: nothing else refers to it.
-			l.uncap(q)
-			delete(l.queues, key)
-			if len(l.spare) < maxSpare {
+			s.uncap(q)
+			delete(s.queues, key)
+			if len(s.spare) < maxSpare {
 				*q = queue{items: q.items[:0]}
-				l.spare = append(l.spare, q)
+				s.spare = append(s.spare, q)
 			}
 		}
 	}
-	l.mu.Unlock()
+	s.mu.Unlock()
 	for _, b := range resolved {
-		l.drop(b)
+		s.drop(b)
 	}
 }
 
 // resolve counts one event of b as resolved; true when it was the last.
 // Callers hold mu.
-func (l *lanes) resolve(b *batch) bool {
+func (s *scheduler) resolve(b *batch) bool {
 	b.remaining--
 	return b.remaining == 0
 }
@@ -306,31 +307,31 @@ func (l *lanes) resolve(b *batch) bool {
 // uncap ends holding q's aggregate back for its queue's length once half
 // of it is published, and wakes the relay to claim its next events.
 // Callers hold mu.
-func (l *lanes) uncap(q *queue) {
-	if l.capped[q.key] && len(q.items) <= l.aggCap/2 {
-		delete(l.capped, q.key)
-		l.wake()
+func (s *scheduler) uncap(q *queue) {
+	if s.capped[q.key] && len(q.items) <= s.aggCap/2 {
+		delete(s.capped, q.key)
+		s.wake()
 	}
 }
 
 // letGo leaves pending every queued event of q from position from on, and
 // returns the batches this resolved completely. Callers hold mu.
-func (l *lanes) letGo(q *queue, from int) []*batch {
-	if q != l.all {
-		l.excess -= max(0, len(q.items)-max(from, l.aggCap))
+func (s *scheduler) letGo(q *queue, from int) []*batch {
+	if q != s.all {
+		s.excess -= max(0, len(q.items)-max(from, s.aggCap))
 	}
 	var resolved []*batch
 	for _, it := range q.items[from:] {
 		it.b.states[it.i] = stLeft
-		l.waiting--
-		if l.resolve(it.b) {
+		s.waiting--
+		if s.resolve(it.b) {
 			resolved = append(resolved, it.b)
 		}
 	}
 	clear(q.items[from:])
 	q.items = q.items[:from]
-	if l.waiting-l.excess < l.roomBelow {
-		l.signal()
+	if s.waiting-s.excess < s.roomBelow {
+		s.signal()
 	}
 	return resolved
 }
@@ -340,14 +341,14 @@ func (l *lanes) letGo(q *queue, from int) []*batch {
 // publishing for longer than after: that batch can then be recorded, and
 // the aggregate takes no new events until the slow publish returns. The
 // relay calls it when every claim it may open is open.
-func (l *lanes) relieve(after time.Duration) {
-	if !l.ordered {
+func (s *scheduler) relieve(after time.Duration) {
+	if !s.ordered {
 		return // no event waits for another
 	}
 	var resolved []*batch
-	l.mu.Lock()
+	s.mu.Lock()
 	now := time.Now()
-	for key, q := range l.queues {
+	for key, q := range s.queues {
 		// A claim that hands off cannot leave an event pending: its
 		// stalled aggregate's events wait, and claiming goes on (handsOff).
 		if !q.busy || now.Sub(q.since) < after || q.busyB.handOffer != nil {
@@ -355,63 +356,63 @@ func (l *lanes) relieve(after time.Duration) {
 		}
 		for i, it := range q.items {
 			if it.b != q.busyB {
-				resolved = append(resolved, l.letGo(q, i)...)
-				l.stalled[key] = true
-				l.cutFrom[key] = l.claimSeq + 1
+				resolved = append(resolved, s.letGo(q, i)...)
+				s.stalled[key] = true
+				s.cutFrom[key] = s.claimSeq + 1
 				break
 			}
 		}
 	}
-	l.mu.Unlock()
+	s.mu.Unlock()
 	for _, b := range resolved {
-		l.drop(b)
+		s.drop(b)
 	}
 }
 
 // letGoAll leaves every queued event pending, as a stop does: what is
 // being published finishes, the rest is for the next relay.
-func (l *lanes) letGoAll() {
+func (s *scheduler) letGoAll() {
 	var resolved []*batch
-	l.mu.Lock()
-	for key, q := range l.queues {
+	s.mu.Lock()
+	for key, q := range s.queues {
 		if len(q.items) > 0 && q.items[0].b.handOffer != nil {
 			// Its events cannot be left pending: they are published or
 			// handed off, until a hard stop cuts the lanes short.
 			continue
 		}
-		resolved = append(resolved, l.letGo(q, 0)...)
+		resolved = append(resolved, s.letGo(q, 0)...)
 		if !q.busy {
-			delete(l.queues, key)
+			delete(s.queues, key)
 		}
 	}
-	if len(l.all.items) == 0 || l.all.items[0].b.handOffer == nil {
-		resolved = append(resolved, l.letGo(l.all, 0)...)
+	if len(s.all.items) == 0 || s.all.items[0].b.handOffer == nil {
+		resolved = append(resolved, s.letGo(s.all, 0)...)
 	}
-	l.ready = slices.DeleteFunc(l.ready, func(q *queue) bool {
+	s.ready = slices.DeleteFunc(s.ready, func(q *queue) bool {
 		if len(q.items) == 0 {
 			q.inReady = false
 			return true
 		}
 		return false
 	})
-	l.mu.Unlock()
+	s.mu.Unlock()
 	for _, b := range resolved {
-		l.drop(b)
+		s.drop(b)
 	}
 }
 
 // closeBatch forgets a batch once its claim has ended.
-func (l *lanes) closeBatch(b *batch) {
-	l.mu.Lock()
-	delete(l.open, b)
-	l.mu.Unlock()
+func (s *scheduler) closeBatch(b *batch) {
+	s.mu.Lock()
+	delete(s.open, b)
+	s.mu.Unlock()
 }
 
 // openOver reports whether a batch has been open for longer than d.
-func (l *lanes) openOver(d time.Duration) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for b := range l.open {
+func (s *scheduler) openOver(d time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for b := range s.open {
 		if time.Since(b.opened) > d {
 			return true
 		}
@@ -421,16 +422,16 @@ func (l *lanes) openOver(d time.Duration) bool {
 
 // queuedCount is how many events wait for a lane, counting at most
 // aggCap of one aggregate.
-func (l *lanes) queuedCount() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.waiting - l.excess
+func (s *scheduler) queuedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting - s.excess
 }
 
 // close stops the workers once they are idle.
-func (l *lanes) close() {
-	l.mu.Lock()
-	l.closed = true
-	l.cond.Broadcast()
-	l.mu.Unlock()
+func (s *scheduler) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
 }
