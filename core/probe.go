@@ -6,6 +6,42 @@ import (
 	"time"
 )
 
+// cycleBackoff is the claim loop's failure state: the cycles failed in a
+// row, and what its probes have seen.
+type cycleBackoff struct {
+	r        *Relay
+	failures int
+	out      outage
+}
+
+// fail logs a failed cycle and backs off (see backoff); false means stop.
+func (c *cycleBackoff) fail(ctx context.Context, err error) bool {
+	c.failures++
+	wait := c.r.opts.ErrorBackoff.Delay(c.failures - 1)
+	c.r.log.Error("relay cycle failed", "error", err, "retry_in", wait, "failures", c.failures)
+	return c.r.backoff(ctx, wait, &c.out)
+}
+
+// reset starts the count over: the last cycle went well.
+func (c *cycleBackoff) reset() { c.failures, c.out.down = 0, false }
+
+// recorded takes how the batches recorded since the last claim went
+// (outcomes.take) and returns the failure to back off for, if any: a
+// success resets the backoff. A batch that failed before a probe saw the
+// outage end failed in the outage the loop has waited out already: no
+// second wait.
+func (c *cycleBackoff) recorded(ok bool, at time.Time, err error) error {
+	switch {
+	case err != nil && at.After(c.out.over):
+		return err
+	case err != nil:
+		c.r.log.Debug("a batch failed before the outage ended", "error", err)
+	case ok:
+		c.reset()
+	}
+	return nil
+}
+
 // outage is what the claim loop's probes have seen.
 type outage struct {
 	down bool      // a probe failed and none has succeeded since
@@ -21,7 +57,8 @@ type outage struct {
 // cannot spin. False means stop.
 func (r *Relay) backoff(ctx context.Context, d time.Duration, o *outage) bool {
 	if len(r.pingers) == 0 {
-		return r.sleep(ctx, d)
+		_, ok := sleep(ctx, d, r.stop, nil)
+		return ok
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -93,7 +93,7 @@ func (r *Relay) publishOrHandOff(ctx context.Context, pctx *publishCtx, h HandOf
 			alone := r.opts.HandOffAfter > 0 && attempt+1 >= r.opts.HandOffAfter &&
 				(r.published.Load() > firstFailure || r.publisherAnswers(ctx))
 			if !alone {
-				if !r.sleep(ctx, delay) {
+				if _, ok := sleep(ctx, delay, r.stop, nil); !ok {
 					return stLeft, nil
 				}
 				continue

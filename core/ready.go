@@ -25,7 +25,7 @@ func (r *Relay) Ready(ctx context.Context) []Check {
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	for name, v := range map[string]any{"store": r.store, "publisher": r.pub} {
+	for name, v := range map[string]any{"store": r.src, "publisher": r.pub} {
 		p, ok := v.(Pinger)
 		if !ok {
 			continue

@@ -13,16 +13,20 @@ import (
 
 // Relay moves events from a Store to a Publisher.
 type Relay struct {
-	store   Source
+	src     Source
 	pub     Publisher
 	opts    Options
 	log     *slog.Logger
 	obs     Observer
 	pingers []Pinger // the store and publisher, those that can be pinged
 
-	wake     chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
+	wake chan struct{}
+	// halted ends when the relay is asked to stop (requestStop), and
+	// stop with it.
+	halted      context.Context
+	requestStop context.CancelFunc
+	stop        <-chan struct{}
+
 	progress atomic.Int64 // unix nanos of the last cycle that reached the store
 	// published is when a publish of a claim that hands off last
 	// succeeded (unix nanos), which tells one failing event from a broker
@@ -35,9 +39,9 @@ type Relay struct {
 	// aggregate would otherwise hold every claim open, and the events
 	// that show the broker takes others would never be claimed.
 	handsOff atomic.Bool
-	// part is the share of the store's ordered work this relay claims
-	// from (Sharer), as math.Float64bits; 1 until the store says.
-	part atomic.Uint64
+	// share is the share of the source's ordered work this relay claims
+	// from (Sharer), as math.Float64bits; 1 until the source says.
+	share atomic.Uint64
 
 	// Set up by loop: the queues, a slot per open claim, the open batches
 	// and how the recorded ones went.
@@ -55,8 +59,8 @@ type Relay struct {
 }
 
 // New returns a relay; it does not start it.
-func New(store Source, pub Publisher, opts Options) (*Relay, error) {
-	if store == nil {
+func New(src Source, pub Publisher, opts Options) (*Relay, error) {
+	if src == nil {
 		return nil, errors.New("new relay: store is nil")
 	}
 	if pub == nil {
@@ -67,12 +71,13 @@ func New(store Source, pub Publisher, opts Options) (*Relay, error) {
 		return nil, fmt.Errorf("new relay: %w", err)
 	}
 	r := &Relay{
-		store: store, pub: pub, opts: o, log: o.Logger, obs: o.Observer,
+		src: src, pub: pub, opts: o, log: o.Logger, obs: o.Observer,
 		wake: make(chan struct{}, 1),
-		stop: make(chan struct{}),
 	}
-	r.part.Store(math.Float64bits(1))
-	for _, v := range []any{store, pub} {
+	r.halted, r.requestStop = context.WithCancel(context.Background())
+	r.stop = r.halted.Done()
+	r.share.Store(math.Float64bits(1))
+	for _, v := range []any{src, pub} {
 		if p, ok := v.(Pinger); ok {
 			r.pingers = append(r.pingers, p)
 		}
@@ -172,8 +177,6 @@ func (r *Relay) LastProgress() time.Time {
 	return time.Unix(0, n)
 }
 
-func (r *Relay) requestStop() { r.stopOnce.Do(func() { close(r.stop) }) }
-
 func (r *Relay) stopping() bool {
 	select {
 	case <-r.stop:
@@ -217,14 +220,14 @@ func (r *Relay) hold(ctx context.Context, h Holder) (held bool, release func()) 
 }
 
 func (r *Relay) loop(ctx context.Context) {
-	if h, ok := r.store.(Holder); ok {
+	if h, ok := r.src.(Holder); ok {
 		held, release := r.hold(ctx, h)
 		defer release() // once the last claim is recorded
 		if !held {
 			return
 		}
 	}
-	if n, ok := r.store.(Notifier); ok && !r.opts.DisableWakeups {
+	if n, ok := r.src.(Notifier); ok && !r.opts.DisableWakeups {
 		lctx, cancel := context.WithCancel(ctx)
 		listening := make(chan struct{})
 		go func() {
@@ -235,15 +238,15 @@ func (r *Relay) loop(ctx context.Context) {
 		}()
 		defer func() { cancel(); <-listening }()
 	}
-	if sh, ok := r.store.(Sharer); ok && !r.opts.Unordered && !r.opts.DisableSharing {
+	if sh, ok := r.src.(Sharer); ok && !r.opts.Unordered && !r.opts.DisableSharing {
 		sctx, cancel := context.WithCancel(ctx)
 		sharing := make(chan struct{})
 		go func() {
 			defer close(sharing)
-			if err := sh.Share(sctx, r.setPart); err != nil && sctx.Err() == nil {
+			if err := sh.Share(sctx, r.setShare); err != nil && sctx.Err() == nil {
 				r.log.Warn("sharing stopped; claiming from all of the store's work", "error", err)
 			}
-			r.setPart(1)
+			r.setShare(1)
 		}()
 		defer func() { cancel(); <-sharing }()
 	}

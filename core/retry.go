@@ -55,23 +55,25 @@ func (b Backoff) Retry(ctx context.Context, f func(reset func()) error, failed f
 		if failed != nil {
 			failed(err, wait)
 		}
-		if !sleep(ctx, nil, wait) {
+		if _, ok := sleep(ctx, wait, nil, nil); !ok {
 			return ctx.Err()
 		}
 	}
 }
 
-// sleep waits d; false means ctx ended or stop closed first. A nil stop
-// never closes.
-func sleep(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+// sleep waits d. It returns early when ctx ends or stop closes (ok is
+// false) and when wake receives (woken). A nil channel never fires.
+func sleep(ctx context.Context, d time.Duration, stop, wake <-chan struct{}) (woken, ok bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+		return false, true
+	case <-wake:
+		return true, true
 	case <-stop:
-		return false
+		return false, false
 	case <-ctx.Done():
-		return false
+		return false, false
 	}
 }
