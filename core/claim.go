@@ -32,7 +32,7 @@ func (r *Relay) claimLoop(ctx context.Context) {
 			continue
 		}
 		if next == idle && !opened {
-			fails.reset() // the store answered and had nothing
+			fails.reset() // the source answered and had nothing
 		}
 		wait, now := sl.pause(ctx, next, opened, r.opts.PollInterval)
 		if now {
@@ -43,7 +43,7 @@ func (r *Relay) claimLoop(ctx context.Context) {
 			return
 		}
 		if !woken {
-			// A poll: the sleep is made anew, in case the store lost it.
+			// A poll: the sleep is made anew, in case the source lost it.
 			sl.awake(ctx)
 		}
 	}
@@ -87,7 +87,7 @@ func (r *Relay) takeSlot(ctx context.Context) bool {
 // (claimBatch at once for a batch that hands off, see handsOff).
 func (r *Relay) releaseSlot() { <-r.slots }
 
-// setShare records the share of the store's ordered work this relay
+// setShare records the share of the source's ordered work this relay
 // claims from (Sharer) and claims at once, for what it may have gained.
 func (r *Relay) setShare(share float64) {
 	r.share.Store(math.Float64bits(min(max(share, 0), 1)))
@@ -97,7 +97,7 @@ func (r *Relay) setShare(share float64) {
 // claimsWanted is how many claims may be open now. Each open claim is a
 // transaction the database runs beside the others, and ordered claims
 // step over the events their relay has in flight, so relays that share
-// the work each open their part of Claimers (at least one): replicas add
+// the work each open their share of Claimers (at least one): replicas add
 // publishers, not concurrent transactions. While a batch has been open
 // for over stallAfter (a slow publish), the relay opens up to Claimers,
 // so that one slow event does not stop its claiming.

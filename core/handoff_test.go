@@ -203,7 +203,7 @@ func sorted(s []int64) []int64 {
 // sleepyStore is a store whose producers wake the relay only while it
 // sleeps; a producer commits silently just as the relay goes to sleep.
 type sleepyStore struct {
-	*memsource.Store
+	*memsource.Source
 	mu       sync.Mutex
 	sleeps   int
 	awakes   int
@@ -258,7 +258,7 @@ func (s *sleepyStore) Awake(context.Context) error {
 // once more: an event that committed without waking it goes out at once,
 // not at the next poll. Woken to a full batch, it ends the sleep.
 func TestSleepThenClaimOnceMore(t *testing.T) {
-	s := &sleepyStore{Store: memsource.New()}
+	s := &sleepyStore{Source: memsource.New()}
 	s.silent = func() { s.Add(core.Event{ID: "silent", AggregateID: "a", Type: "t"}) }
 	var out log
 	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
@@ -280,7 +280,7 @@ func TestSleepThenClaimOnceMore(t *testing.T) {
 // around; so it does when woken to a trickle's one event, which it claims
 // without a claim after it and another after a new sleep.
 func TestEmptyWakeupsKeepTheSleep(t *testing.T) {
-	s := &sleepyStore{Store: memsource.New()}
+	s := &sleepyStore{Source: memsource.New()}
 	var out log
 	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
 	r := startRelay(t, s, pub, core.Options{PollInterval: time.Hour})
@@ -344,7 +344,7 @@ func TestHandOffClaimsDoNotHoldClaimingBack(t *testing.T) {
 // A relay whose claims keep finding events claims again shortly instead of
 // sleeping: producers then have no relay to wake, and send no wake-ups.
 func TestSteadyTrafficSendsFewWakeups(t *testing.T) {
-	s := &sleepyStore{Store: memsource.New()}
+	s := &sleepyStore{Source: memsource.New()}
 	var out log
 	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
 	startRelay(t, s, pub, core.Options{PollInterval: time.Second})

@@ -14,7 +14,7 @@ import (
 // holdingSource is a source that must hold something (a mode lock)
 // before its relay claims.
 type holdingSource struct {
-	*memsource.Store
+	*memsource.Source
 	hold func(ctx context.Context, held func()) error
 }
 
@@ -25,7 +25,7 @@ func TestRelayClaimsOnlyOnceHeld(t *testing.T) {
 	id := s.Add(core.Event{AggregateID: "a", Type: "t.x"})[0]
 	gate := make(chan struct{})
 	var holding, claimedUnheld atomic.Bool
-	src := holdingSource{Store: s, hold: func(ctx context.Context, held func()) error {
+	src := holdingSource{Source: s, hold: func(ctx context.Context, held func()) error {
 		select {
 		case <-gate:
 		case <-ctx.Done():
@@ -80,7 +80,7 @@ func TestHoldErrorStopsRelay(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := memsource.New()
 			lose := make(chan struct{})
-			src := holdingSource{Store: s, hold: func(ctx context.Context, held func()) error {
+			src := holdingSource{Source: s, hold: func(ctx context.Context, held func()) error {
 				if tc.afterHeld {
 					held()
 					<-lose

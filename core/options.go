@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"time"
@@ -21,7 +22,7 @@ type Options struct {
 	// claim holds a database transaction and connection until its every
 	// event is resolved; claims that hand off (HandOffer) hold none and
 	// are not counted. A relay that shares the ordered work with others
-	// (Sharer) opens its part of them, at least one, and all of them while
+	// (Sharer) opens its share of them, at least one, and all of them while
 	// a batch has been open for over a second. Default 4, at most
 	// MaxClaimers.
 	Claimers       int
@@ -33,13 +34,13 @@ type Options struct {
 	// Unordered lets events of one aggregate go out in parallel and
 	// out of order, for throughput. The default keeps per-aggregate order.
 	Unordered bool
-	// DisableWakeups ignores the store's Notifier and relies on polling,
+	// DisableWakeups ignores the source's Notifier and relies on polling,
 	// as behind PgBouncer in transaction pooling mode.
 	DisableWakeups bool
-	// DisableSharing ignores the store's Sharer in ordered mode: the
-	// relay claims from all of the store's work, still disjoint and in
+	// DisableSharing ignores the source's Sharer in ordered mode: the
+	// relay claims from all of the source's work, still disjoint and in
 	// order, but in the way of the other replicas. Set it where the
-	// store's sharing cannot work, as behind PgBouncer in transaction
+	// source's sharing cannot work, as behind PgBouncer in transaction
 	// pooling mode, which does not keep session locks.
 	DisableSharing bool
 	// RetryBackoff paces retries of an event whose publish failed
@@ -55,7 +56,7 @@ type Options struct {
 	// A broker that takes nothing is an outage: the event stays in place
 	// and reading pauses. Default 8; -1 never hands off.
 	HandOffAfter int
-	// ProbeInterval is how often the relay pings the store and the
+	// ProbeInterval is how often the relay pings the source and the
 	// publisher (those that implement Pinger) while it backs off after a
 	// failure. Once a ping has failed, the first round in which every ping
 	// succeeds ends the wait: the outage is over, so the relay resumes at
@@ -105,32 +106,18 @@ func (o Options) WithDefaults() (Options, error) {
 	if err != nil {
 		return o, err
 	}
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defDur := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&o.BatchSize, 500)
-	def(&o.Lanes, 256)
-	def(&o.Claimers, 4)
-	def(&o.HandOffAfter, 8)
-	defDur(&o.PollInterval, time.Second)
-	defDur(&o.PublishTimeout, 30*time.Second)
-	defDur(&o.ShutdownTimeout, 30*time.Second)
-	defDur(&o.ProbeInterval, 250*time.Millisecond)
-	defDur(&o.ProbeTimeout, 2*time.Second)
-	defDur(&o.StaleAfter, max(2*o.PublishTimeout+3*o.PollInterval, 30*time.Second))
-	if o.RetryBackoff == (Backoff{}) {
-		o.RetryBackoff = Backoff{Min: 500 * time.Millisecond, Max: time.Minute}
-	}
-	if o.ErrorBackoff == (Backoff{}) {
-		o.ErrorBackoff = Backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second}
-	}
+	o.BatchSize = cmp.Or(o.BatchSize, 500)
+	o.Lanes = cmp.Or(o.Lanes, 256)
+	o.Claimers = cmp.Or(o.Claimers, 4)
+	o.HandOffAfter = cmp.Or(o.HandOffAfter, 8)
+	o.PollInterval = cmp.Or(o.PollInterval, time.Second)
+	o.PublishTimeout = cmp.Or(o.PublishTimeout, 30*time.Second)
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, 30*time.Second)
+	o.ProbeInterval = cmp.Or(o.ProbeInterval, 250*time.Millisecond)
+	o.ProbeTimeout = cmp.Or(o.ProbeTimeout, 2*time.Second)
+	o.StaleAfter = cmp.Or(o.StaleAfter, max(2*o.PublishTimeout+3*o.PollInterval, 30*time.Second))
+	o.RetryBackoff = cmp.Or(o.RetryBackoff, Backoff{Min: 500 * time.Millisecond, Max: time.Minute})
+	o.ErrorBackoff = cmp.Or(o.ErrorBackoff, Backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

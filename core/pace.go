@@ -30,7 +30,7 @@ const lingerPoll = 2 * time.Millisecond
 // its claim's round trip, under the 10 ms between events at 100/s.
 const streamGap = 5 * time.Millisecond
 
-// truncatedPause is the wait after a truncated claim: the store left
+// truncatedPause is the wait after a truncated claim: the source left
 // events out because other relays held earlier events of their aggregates
 // (or the claim reached its byte limit). Long enough not to spin on their
 // locks, short next to a batch's publish time.

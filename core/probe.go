@@ -48,7 +48,7 @@ type outage struct {
 	over time.Time // when a probe last succeeded after one had failed
 }
 
-// backoff waits d after a failed cycle, probing the store and the
+// backoff waits d after a failed cycle, probing the source and the
 // publisher every ProbeInterval. It returns early, true, when a probe
 // succeeds after one had failed (o.down carries that across waits, so a
 // server that came back between two waits still counts): the failure was

@@ -129,7 +129,7 @@ func (p *refusing) Close() error                               { return nil }
 
 // pingStore is a store that can be pinged, down until up is set.
 type pingStore struct {
-	*memsource.Store
+	*memsource.Source
 	up atomic.Bool
 }
 
@@ -145,7 +145,7 @@ func (s *pingStore) Ping(context.Context) error {
 func TestResumesSoonAfterStoreReturns(t *testing.T) {
 	ms := memsource.New()
 	ms.SetClaimErr(errors.New("connection refused"))
-	s := &pingStore{Store: ms}
+	s := &pingStore{Source: ms}
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
 	startRelay(t, s, pub, core.Options{

@@ -15,7 +15,7 @@ type Check struct {
 }
 
 // Ready tells whether the relay can do its work, for a readiness probe:
-// it pings the store and the publisher (those that implement Pinger),
+// it pings the source and the publisher (those that implement Pinger),
 // concurrently and within ctx, and checks that a cycle completed within
 // StaleAfter (counting from Start until the first one). The relay is
 // ready when every Check's Err is nil.

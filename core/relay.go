@@ -11,14 +11,14 @@ import (
 	"time"
 )
 
-// Relay moves events from a Store to a Publisher.
+// Relay moves events from a Source to a Publisher.
 type Relay struct {
 	src     Source
 	pub     Publisher
 	opts    Options
 	log     *slog.Logger
 	obs     Observer
-	pingers []Pinger // the store and publisher, those that can be pinged
+	pingers []Pinger // the source and publisher, those that can be pinged
 
 	wake chan struct{}
 	// halted ends when the relay is asked to stop (requestStop), and
@@ -27,7 +27,7 @@ type Relay struct {
 	requestStop context.CancelFunc
 	stop        <-chan struct{}
 
-	progress atomic.Int64 // unix nanos of the last cycle that reached the store
+	progress atomic.Int64 // unix nanos of the last cycle that reached the source
 	// published is when a publish of a claim that hands off last
 	// succeeded (unix nanos), which tells one failing event from a broker
 	// that takes nothing.
@@ -167,7 +167,7 @@ func (r *Relay) Wake() {
 	}
 }
 
-// LastProgress is when the relay last completed a cycle against the store
+// LastProgress is when the relay last completed a cycle against the source
 // (the zero time if never); readiness checks compare it with the clock.
 func (r *Relay) LastProgress() time.Time {
 	n := r.progress.Load()

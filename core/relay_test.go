@@ -91,9 +91,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func drained(s *memsource.Store) func() bool { return func() bool { return len(s.Pending()) == 0 } }
+func drained(s *memsource.Source) func() bool { return func() bool { return len(s.Pending()) == 0 } }
 
-func addInterleaved(s *memsource.Store, aggregates, perAggregate int) map[int64]string {
+func addInterleaved(s *memsource.Source, aggregates, perAggregate int) map[int64]string {
 	aggOf := make(map[int64]string)
 	for i := range perAggregate {
 		for a := range aggregates {

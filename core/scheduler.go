@@ -14,9 +14,9 @@ import (
 // is recorded.
 //
 // In ordered mode each aggregate has its own queue and at most one of its
-// events is published at a time, in claim order. The store's gate keeps an
+// events is published at a time, in claim order. The source's gate keeps an
 // aggregate's events in claims of one relay at a time; within the relay,
-// the claim loop tells the store which events it has in flight (InFlight of
+// the claim loop tells the source which events it has in flight (InFlight of
 // ClaimOptions), so a newer claim may take the next events of an aggregate
 // whose earlier ones are still queued here: they are queued behind them.
 

@@ -36,7 +36,7 @@ func (s *partStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Clai
 	return c, err
 }
 
-func newPartStore(part float64) (*partStore, *memsource.Store) {
+func newPartStore(part float64) (*partStore, *memsource.Source) {
 	ms := memsource.New()
 	return &partStore{gatedStore: &gatedStore{Source: ms}, part: part, shared: make(chan struct{})}, ms
 }

@@ -8,9 +8,9 @@ import (
 // Source is where the relay finds committed events. Implementations must make
 // concurrent claims disjoint: no event is in two open claims at once.
 type Source interface {
-	// Claim takes up to req.Limit pending events in id order and holds them
+	// Claim takes up to req.Limit pending events in seq order and holds them
 	// until the returned Claim is completed or released. An empty claim is
-	// valid. In ordered mode the store returns an event only when every
+	// valid. In ordered mode the source returns an event only when every
 	// earlier pending event of its aggregate is in the same claim or in
 	// req.InFlight.
 	Claim(ctx context.Context, req ClaimOptions) (Claim, error)
@@ -31,7 +31,7 @@ type ClaimOptions struct {
 	// HeldBack lists aggregates the caller holds back: it holds an earlier
 	// event of each that it does not list in InFlight (a publish that
 	// stalls, or an aggregate with enough queued already). In ordered mode
-	// the store may leave their events out of the scan altogether, so
+	// the source may leave their events out of the scan altogether, so
 	// they do not take the room of other aggregates' events; it is a
 	// hint, the gate holds them back either way.
 	HeldBack []string
@@ -48,7 +48,7 @@ type Claim interface {
 }
 
 // Truncated is an optional Claim capability: Truncated reports that the
-// store left pending events out of the claim (other relays hold earlier
+// source left pending events out of the claim (other relays hold earlier
 // events of their aggregates, or the claim reached its byte limit). Work is
 // waiting, so the relay comes back after a short pause instead of its poll
 // interval.
@@ -57,7 +57,7 @@ type Truncated interface {
 }
 
 // Rejecter is an optional Claim capability: Rejected lists claimed rows the
-// store could not turn into events (headers of the wrong shape, a payload
+// source could not turn into events (headers of the wrong shape, a payload
 // over its size limit). The relay holds each one in Complete like a
 // permanent publish failure, so a bad row never stops the other aggregates
 // and is never dropped.
@@ -85,7 +85,7 @@ type HandOffer interface {
 	HandOff(ctx context.Context, e *Event, f *Failure) error
 }
 
-// Notifier is an optional Store capability: Listen calls wake soon after new
+// Notifier is an optional Source capability: Listen calls wake soon after new
 // events commit, until ctx is done. It reconnects by itself after a dropped
 // connection and returns only when ctx is done.
 type Notifier interface {
@@ -100,7 +100,7 @@ type Sleeper interface {
 	// without waiting for them. now means every event committed without
 	// waking the relay is visible to a claim made now (the relay claims
 	// once more); otherwise producers that wrote without waking it are
-	// still open, and the store wakes the relay (and every other sleeping
+	// still open, and the source wakes the relay (and every other sleeping
 	// one) once they have committed. After an error, or a failure Sleep
 	// cannot report, the relay relies on its poll interval, and makes the
 	// sleep anew after each poll.
@@ -109,21 +109,21 @@ type Sleeper interface {
 	Awake(ctx context.Context) error
 }
 
-// Sharer is an optional Store capability for ordered mode: Share runs for
-// the relay's life, until ctx is done, and divides the store's ordered work
-// between the relays that share it, so that each claims from its own part
-// (the PostgreSQL store: partitions of aggregates, each owned by one relay
-// at a time). It calls changed with the relay's part, from 0 to 1 of the
-// work, whenever the part changes (the relay then claims at once, and
-// opens its part of Options.Claimers), and reconnects by itself. Sharing
+// Sharer is an optional Source capability for ordered mode: Share runs for
+// the relay's life, until ctx is done, and divides the source's ordered work
+// between the relays that share it, so that each claims from its own share
+// (the table source: partitions of aggregates, each owned by one relay
+// at a time). It calls changed with the relay's share, from 0 to 1 of the
+// work, whenever the share changes (the relay then claims at once, and
+// opens its share of Options.Claimers), and reconnects by itself. Sharing
 // only keeps relays out of each other's way: claims must stay disjoint and
-// ordered whatever the parts, as when a relay that lost a part still has
-// claims open in it.
+// ordered whatever the shares, as when a relay that lost partitions still
+// has claims open in them.
 type Sharer interface {
-	Share(ctx context.Context, changed func(part float64)) error
+	Share(ctx context.Context, changed func(share float64)) error
 }
 
-// Pinger is an optional capability of a Store or Publisher: it reports
+// Pinger is an optional capability of a Source or Publisher: it reports
 // whether the backing server is reachable, for readiness checks. A Ping
 // that cannot ask its server returns an error wrapping
 // errors.ErrUnsupported: the server then counts as neither up nor down
@@ -133,10 +133,10 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// BacklogReader is an optional Store capability: it counts the events
+// BacklogReader is an optional Source capability: it counts the events
 // still to publish, for the backlog gauges (core/metrics.Poller).
 // stuckAfter is how long an event may wait before it counts as stuck;
-// zero means the store's default.
+// zero means the source's default.
 type BacklogReader interface {
 	Backlog(ctx context.Context, stuckAfter time.Duration) (Backlog, error)
 }

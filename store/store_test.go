@@ -56,7 +56,7 @@ func newInstance(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *instance {
 	return &instance{pool: pool, cfg: s.Config(), s: s, w: w}
 }
 
-func (in *instance) Store() core.Source { return in.s }
+func (in *instance) Source() core.Source { return in.s }
 
 func (in *instance) table() string { return pgx.Identifier{in.cfg.Schema, in.cfg.Table}.Sanitize() }
 

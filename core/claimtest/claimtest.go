@@ -1,8 +1,8 @@
 // Package claimtest is a conformance suite for core.Source implementations:
 // disjoint claims, transactional production, delivery after a crash,
 // recorded failures and the per-aggregate gate of ordered mode, with the
-// caller's events in flight. A store
-// package runs it from its own tests with a Harness that creates stores:
+// caller's events in flight. A source's package runs it from its own
+// tests with a Harness that creates sources:
 //
 //	func TestConformance(t *testing.T) { claimtest.Run(t, myHarness{}) }
 package claimtest
@@ -21,20 +21,20 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// Harness creates the store under test.
+// Harness creates the source under test.
 type Harness interface {
-	// Open returns a new, empty store for one subtest, cleaned up by t.
+	// Open returns a new, empty source for one subtest, cleaned up by t.
 	Open(t *testing.T) Instance
 }
 
-// Instance is one store under test and the producer side of it.
+// Instance is one source under test and the producer side of it.
 type Instance interface {
-	Store() core.Source
+	Source() core.Source
 	// Produce writes events in one transaction, as a producer would, and
-	// commits it or rolls it back. Each event carries a UID, an aggregate
-	// id (a UUID), a type and a JSON payload; the store assigns ids.
+	// commits it or rolls it back. Each event carries an id, an aggregate
+	// id (a UUID), a type and a JSON payload; the source assigns seqs.
 	Produce(ctx context.Context, events []core.Event, commit bool) error
-	// Pending returns the ids of the events not dispatched, in id order.
+	// Pending returns the seqs of the events not dispatched, in seq order.
 	Pending(ctx context.Context) ([]int64, error)
 }
 
@@ -44,14 +44,14 @@ type Crasher interface {
 	Crash(ctx context.Context, t *testing.T)
 }
 
-// Run runs the suite. Subtests run one after another, each on its own store.
+// Run runs the suite. Subtests run one after another, each on its own source.
 func Run(t *testing.T, h Harness) {
 	tests := []struct {
 		name string
 		fn   func(t *testing.T, in Instance)
 	}{
 		{"RollbackLeavesNoEvent", testRollback},
-		{"ClaimsInIDOrderWithLimit", testIDOrder},
+		{"ClaimsInSeqOrderWithLimit", testSeqOrder},
 		{"OpenClaimsAreDisjoint", testOpenClaimsDisjoint},
 		{"ConcurrentClaimersOrdered", func(t *testing.T, in Instance) { testConcurrent(t, in, false) }},
 		{"ConcurrentClaimersUnordered", func(t *testing.T, in Instance) { testConcurrent(t, in, true) }},
@@ -95,7 +95,7 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // produce commits events given as aggregate ids, one event each, and
-// returns the ids the store assigned, in the order given.
+// returns them with the seqs the source assigned, in the order given.
 func produce(ctx context.Context, t *testing.T, in Instance, aggs ...string) []core.Event {
 	t.Helper()
 	evs := make([]core.Event, len(aggs))
@@ -105,36 +105,36 @@ func produce(ctx context.Context, t *testing.T, in Instance, aggs ...string) []c
 	if err := in.Produce(ctx, evs, true); err != nil {
 		t.Fatalf("produce: %v", err)
 	}
-	return assignIDs(ctx, t, in, evs)
+	return assignSeqs(ctx, t, in, evs)
 }
 
-// assignIDs learns the ids of evs by claiming everything once.
-func assignIDs(ctx context.Context, t *testing.T, in Instance, evs []core.Event) []core.Event {
+// assignSeqs learns the seqs of evs by claiming everything once.
+func assignSeqs(ctx context.Context, t *testing.T, in Instance, evs []core.Event) []core.Event {
 	t.Helper()
 	c := claim(ctx, t, in, 100000, true)
-	byUID := make(map[string]int64)
+	seqOf := make(map[string]int64)
 	for _, e := range c.Events() {
-		byUID[e.ID] = e.Seq
+		seqOf[e.ID] = e.Seq
 	}
 	release(ctx, t, c)
 	for i := range evs {
-		id, ok := byUID[evs[i].ID]
+		seq, ok := seqOf[evs[i].ID]
 		if !ok {
 			t.Fatalf("committed event %s was not claimable", evs[i].ID)
 		}
-		evs[i].Seq = id
+		evs[i].Seq = seq
 	}
 	return evs
 }
 
 func claim(ctx context.Context, t *testing.T, in Instance, limit int, unordered bool) core.Claim {
 	t.Helper()
-	c, err := in.Store().Claim(ctx, core.ClaimOptions{Limit: limit, Unordered: unordered})
+	c, err := in.Source().Claim(ctx, core.ClaimOptions{Limit: limit, Unordered: unordered})
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
 	// A test that fails with a claim open must not leave it holding locks
-	// the store's cleanup waits for. Ending an ended claim may fail; fine.
+	// the source's cleanup waits for. Ending an ended claim may fail; fine.
 	t.Cleanup(func() { _ = c.Release(context.WithoutCancel(ctx)) })
 	return c
 }
@@ -153,7 +153,7 @@ func complete(ctx context.Context, t *testing.T, c core.Claim, done []int64, fai
 	}
 }
 
-func ids(evs []core.Event) []int64 {
+func seqs(evs []core.Event) []int64 {
 	out := make([]int64, len(evs))
 	for i, e := range evs {
 		out[i] = e.Seq
@@ -185,19 +185,19 @@ func testRollback(t *testing.T, in Instance) {
 	release(ctx, t, c)
 
 	committed := produce(ctx, t, in, aggX)
-	if p := pending(ctx, t, in); !slices.Equal(p, ids(committed)) {
-		t.Fatalf("pending = %v, want only the committed event %v", p, ids(committed))
+	if p := pending(ctx, t, in); !slices.Equal(p, seqs(committed)) {
+		t.Fatalf("pending = %v, want only the committed event %v", p, seqs(committed))
 	}
 }
 
-func testIDOrder(t *testing.T, in Instance) {
+func testSeqOrder(t *testing.T, in Instance) {
 	ctx := testCtx(t)
 	evs := produce(ctx, t, in, aggX, aggY, aggX, aggZ, aggY)
 	for _, unordered := range []bool{false, true} {
 		c := claim(ctx, t, in, 3, unordered)
 		got := c.Events()
-		if !slices.Equal(ids(got), ids(evs[:3])) {
-			t.Fatalf("unordered=%v: claimed %v, want the first three %v", unordered, ids(got), ids(evs[:3]))
+		if !slices.Equal(seqs(got), seqs(evs[:3])) {
+			t.Fatalf("unordered=%v: claimed %v, want the first three %v", unordered, seqs(got), seqs(evs[:3]))
 		}
 		for i, e := range got {
 			w := evs[i]
@@ -252,6 +252,43 @@ func testOpenClaimsDisjoint(t *testing.T, in Instance) {
 func testConcurrent(t *testing.T, in Instance, unordered bool) {
 	ctx := testCtx(t)
 	const total, workers = 400, 8
+	l := &claimLedger{unordered: unordered, earlier: produceMany(ctx, t, in, total),
+		claimedBy: make(map[int64]int), completing: make(map[int64]bool)}
+	deadline := time.Now().Add(30 * time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for time.Now().Before(deadline) && !l.finished(total) {
+				c, err := in.Source().Claim(ctx, core.ClaimOptions{Limit: 7 + w, Unordered: unordered})
+				if err != nil {
+					errs <- fmt.Errorf("claim: %w", err)
+					return
+				}
+				got := c.Events()
+				l.record(got)
+				if err := c.Complete(ctx, seqs(got), nil); err != nil {
+					errs <- fmt.Errorf("complete: %w", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	l.check(t, total)
+	if p := pending(ctx, t, in); len(p) != 0 {
+		t.Fatalf("%d events still pending after all were completed", len(p))
+	}
+}
+
+// produceMany commits total events over ten aggregates, in several
+// transactions so that claims run against a growing table, and returns
+// for each event's seq the seqs of the earlier events of its aggregate.
+func produceMany(ctx context.Context, t *testing.T, in Instance, total int) map[int64][]int64 {
 	aggs := make([]string, 10)
 	for i := range aggs {
 		aggs[i] = uuid.NewString()
@@ -260,97 +297,82 @@ func testConcurrent(t *testing.T, in Instance, unordered bool) {
 	for i := range total {
 		evs = append(evs, newEvent(aggs[i%len(aggs)], i))
 	}
-	// Several producer transactions, so claims run against a growing table.
 	for i := 0; i < total; i += 50 {
-		if err := in.Produce(ctx, evs[i:i+50], true); err != nil {
+		if err := in.Produce(ctx, evs[i:min(i+50, total)], true); err != nil {
 			t.Fatalf("produce: %v", err)
 		}
 	}
-
-	var (
-		mu         sync.Mutex
-		claimedBy  = make(map[int64]int) // event id -> claims that returned it
-		completing = make(map[int64]bool)
-		earlier    = make(map[int64][]int64) // event id -> earlier ids of its aggregate
-		lastOf     = make(map[string][]int64)
-		violations []string
-	)
-	evs = assignIDs(ctx, t, in, evs)
+	evs = assignSeqs(ctx, t, in, evs)
 	slices.SortFunc(evs, func(a, b core.Event) int { return int(a.Seq - b.Seq) })
+	earlier := make(map[int64][]int64)
+	lastOf := make(map[string][]int64)
 	for _, e := range evs {
 		earlier[e.Seq] = slices.Clone(lastOf[e.AggregateID])
 		lastOf[e.AggregateID] = append(lastOf[e.AggregateID], e.Seq)
 	}
+	return earlier
+}
 
-	deadline := time.Now().Add(30 * time.Second)
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) {
-				mu.Lock()
-				finished := len(claimedBy) == total
-				mu.Unlock()
-				if finished {
-					return
-				}
-				c, err := in.Store().Claim(ctx, core.ClaimOptions{Limit: 7 + w, Unordered: unordered})
-				if err != nil {
-					errs <- fmt.Errorf("claim: %w", err)
-					return
-				}
-				got := c.Events()
-				mu.Lock()
-				inClaim := make(map[int64]bool, len(got))
-				for _, e := range got {
-					inClaim[e.Seq] = true
-				}
-				for _, e := range got {
-					claimedBy[e.Seq]++
-					if unordered {
-						continue
-					}
-					for _, prev := range earlier[e.Seq] {
-						if !inClaim[prev] && !completing[prev] {
-							violations = append(violations, fmt.Sprintf("event %d claimed while earlier event %d of its aggregate was neither completed nor in the claim", e.Seq, prev))
-						}
-					}
-				}
-				for _, e := range got {
-					completing[e.Seq] = true
-				}
-				mu.Unlock()
-				if err := c.Complete(ctx, ids(got), nil); err != nil {
-					errs <- fmt.Errorf("complete: %w", err)
-					return
-				}
+// claimLedger records, for testConcurrent, how often each event was
+// claimed, and the claims that broke the gate.
+type claimLedger struct {
+	unordered bool
+	earlier   map[int64][]int64 // event seq -> earlier seqs of its aggregate
+
+	mu         sync.Mutex
+	claimedBy  map[int64]int // event seq -> claims that returned it
+	completing map[int64]bool
+	violations []string
+}
+
+func (l *claimLedger) finished(total int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.claimedBy) == total
+}
+
+// record counts a claim's events and, in ordered mode, checks each
+// against the gate, before the claim is completed.
+func (l *claimLedger) record(got []core.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	inClaim := make(map[int64]bool, len(got))
+	for _, e := range got {
+		inClaim[e.Seq] = true
+	}
+	for _, e := range got {
+		l.claimedBy[e.Seq]++
+		if l.unordered {
+			continue
+		}
+		for _, prev := range l.earlier[e.Seq] {
+			if !inClaim[prev] && !l.completing[prev] {
+				l.violations = append(l.violations, fmt.Sprintf("event %d claimed while earlier event %d of its aggregate was neither completed nor in the claim", e.Seq, prev))
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	for _, v := range violations[:min(len(violations), 5)] {
-		t.Error(v)
-	}
-	for id, n := range claimedBy {
-		if n != 1 {
-			t.Errorf("event %d was claimed %d times", id, n)
 		}
 	}
-	if len(claimedBy) != total {
-		t.Fatalf("claimed %d distinct events of %d before the deadline", len(claimedBy), total)
-	}
-	if p := pending(ctx, t, in); len(p) != 0 {
-		t.Fatalf("%d events still pending after all were completed", len(p))
+	for _, e := range got {
+		l.completing[e.Seq] = true
 	}
 }
 
-// recorder is a core.Publisher counting publishes by UID.
+// check reports the violations, and the events not claimed exactly once.
+func (l *claimLedger) check(t *testing.T, total int) {
+	t.Helper()
+	for _, v := range l.violations[:min(len(l.violations), 5)] {
+		t.Error(v)
+	}
+	for seq, n := range l.claimedBy {
+		if n != 1 {
+			t.Errorf("event %d was claimed %d times", seq, n)
+		}
+	}
+	if len(l.claimedBy) != total {
+		t.Fatalf("claimed %d distinct events of %d before the deadline", len(l.claimedBy), total)
+	}
+}
+
+// recorder is a core.Publisher counting publishes by event id.
 type recorder struct {
 	mu    sync.Mutex
 	count map[string]int
@@ -375,10 +397,10 @@ func (r *recorder) snapshot() map[string]int {
 	return maps.Clone(r.count)
 }
 
-// drain runs a relay over the store until nothing is pending.
+// drain runs a relay over the source until nothing is pending.
 func drain(ctx context.Context, t *testing.T, in Instance, pub core.Publisher) {
 	t.Helper()
-	relay, err := core.New(in.Store(), pub, core.Options{
+	relay, err := core.New(in.Source(), pub, core.Options{
 		BatchSize: 25, Lanes: 4, PollInterval: 20 * time.Millisecond, DisableWakeups: true,
 	})
 	if err != nil {
@@ -456,8 +478,8 @@ func crashAfterPublish(t *testing.T, in Instance, end func(ctx context.Context, 
 		_ = rec.Publish(ctx, &e)
 	}
 	end(ctx, c)
-	if p := pending(ctx, t, in); !slices.Equal(p, ids(evs)) {
-		t.Fatalf("after the crash pending = %v, want every event %v", p, ids(evs))
+	if p := pending(ctx, t, in); !slices.Equal(p, seqs(evs)) {
+		t.Fatalf("after the crash pending = %v, want every event %v", p, seqs(evs))
 	}
 	drain(ctx, t, in, rec)
 	got := rec.snapshot()
@@ -475,13 +497,13 @@ func testReleaseRepublishes(t *testing.T, in Instance) {
 func testCrashRepublishes(t *testing.T, in Instance) {
 	cr, ok := in.(Crasher)
 	if !ok {
-		t.Skip("store has no sessions to kill")
+		t.Skip("source has no sessions to kill")
 	}
 	crashAfterPublish(t, in, func(ctx context.Context, c core.Claim) {
 		cr.Crash(ctx, t)
 		// The dead relay's claim is gone; recording on it must fail
 		// rather than pretend.
-		if err := c.Complete(ctx, ids(c.Events()), nil); err == nil {
+		if err := c.Complete(ctx, seqs(c.Events()), nil); err == nil {
 			t.Error("complete on a killed session succeeded")
 		}
 	})
@@ -496,7 +518,7 @@ func testUnlistedStayPending(t *testing.T, in Instance) {
 		t.Fatalf("pending = %v, want the two unlisted events", p)
 	}
 	c = claim(ctx, t, in, 10, false)
-	if got := ids(c.Events()); !slices.Equal(got, []int64{evs[0].Seq, evs[2].Seq}) {
+	if got := seqs(c.Events()); !slices.Equal(got, []int64{evs[0].Seq, evs[2].Seq}) {
 		t.Fatalf("reclaimed %v, want the unlisted events", got)
 	}
 	if c.Events()[0].Attempts != 0 {
@@ -531,7 +553,7 @@ func testRetryAt(t *testing.T, in Instance) {
 		got = c.Events()[0]
 		return true
 	})
-	// The store's clock may differ slightly from ours; allow a little.
+	// The source's clock may differ slightly from ours; allow a little.
 	if early := time.Until(retryAt); early > 50*time.Millisecond {
 		t.Fatalf("claimed %v before its retry time", early)
 	}
@@ -555,7 +577,7 @@ func testZeroRetryAtHolds(t *testing.T, in Instance) {
 		var got []int64
 		waitFor(t, 10*time.Second, "the retrying event to become claimable", func() bool {
 			c := claim(ctx, t, in, 10, unordered)
-			got = ids(c.Events())
+			got = seqs(c.Events())
 			release(ctx, t, c)
 			return len(got) > 0
 		})
@@ -572,28 +594,28 @@ func testGateOpenClaim(t *testing.T, in Instance) {
 	ctx := testCtx(t)
 	evs := produce(ctx, t, in, aggX, aggX, aggY, aggX, aggZ, aggY)
 	a := claim(ctx, t, in, 2, false)
-	if got := ids(a.Events()); !slices.Equal(got, ids(evs[:2])) {
-		t.Fatalf("claim A = %v, want the first two events of X %v", got, ids(evs[:2]))
+	if got := seqs(a.Events()); !slices.Equal(got, seqs(evs[:2])) {
+		t.Fatalf("claim A = %v, want the first two events of X %v", got, seqs(evs[:2]))
 	}
 	b := claim(ctx, t, in, 100, false)
 	want := []int64{evs[2].Seq, evs[4].Seq, evs[5].Seq}
-	if got := ids(b.Events()); !slices.Equal(got, want) {
+	if got := seqs(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("ordered claim B = %v, want Y and Z only %v: no later event of X while A holds its earlier ones", got, want)
 	}
 	release(ctx, t, b)
 
 	u := claim(ctx, t, in, 100, true)
 	want = []int64{evs[2].Seq, evs[3].Seq, evs[4].Seq, evs[5].Seq}
-	if got := ids(u.Events()); !slices.Equal(got, want) {
+	if got := seqs(u.Events()); !slices.Equal(got, want) {
 		t.Fatalf("unordered claim = %v, want %v: the gate does not apply", got, want)
 	}
 	release(ctx, t, u)
 
 	// Once A is recorded, the rest of X is free.
-	complete(ctx, t, a, ids(a.Events()), nil)
+	complete(ctx, t, a, seqs(a.Events()), nil)
 	b = claim(ctx, t, in, 100, false)
 	want = []int64{evs[2].Seq, evs[3].Seq, evs[4].Seq, evs[5].Seq}
-	if got := ids(b.Events()); !slices.Equal(got, want) {
+	if got := seqs(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("after A completed, claim = %v, want %v", got, want)
 	}
 	release(ctx, t, b)
@@ -611,7 +633,7 @@ func testGateLockedRowsHideNothing(t *testing.T, in Instance) {
 	b := claim(ctx, t, in, 2, false)
 	defer release(ctx, t, b)
 	want := []int64{evs[4].Seq, evs[5].Seq}
-	if got := ids(b.Events()); !slices.Equal(got, want) {
+	if got := seqs(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("ordered claim of 2 beside an open claim of X's first two = %v, want Y and Z %v", got, want)
 	}
 	if tr, ok := b.(core.Truncated); ok && !tr.Truncated() {
@@ -629,14 +651,14 @@ func testGateHeld(t *testing.T, in Instance, retryAt time.Time) {
 
 	c = claim(ctx, t, in, 100, false)
 	want := []int64{evs[1].Seq, evs[3].Seq}
-	if got := ids(c.Events()); !slices.Equal(got, want) {
+	if got := seqs(c.Events()); !slices.Equal(got, want) {
 		t.Fatalf("ordered claim = %v, want %v: a failed event of X holds back later X events only", got, want)
 	}
 	release(ctx, t, c)
 
 	c = claim(ctx, t, in, 100, true)
 	want = []int64{evs[1].Seq, evs[2].Seq, evs[3].Seq, evs[4].Seq}
-	if got := ids(c.Events()); !slices.Equal(got, want) {
+	if got := seqs(c.Events()); !slices.Equal(got, want) {
 		t.Fatalf("unordered claim = %v, want %v: the gate does not apply", got, want)
 	}
 	release(ctx, t, c)
@@ -650,12 +672,12 @@ func testGateInFlight(t *testing.T, in Instance) {
 	ctx := testCtx(t)
 	evs := produce(ctx, t, in, aggX, aggX, aggY, aggX, aggZ, aggX)
 	a := claim(ctx, t, in, 2, false)
-	if got := ids(a.Events()); !slices.Equal(got, ids(evs[:2])) {
-		t.Fatalf("claim A = %v, want the first two events of X %v", got, ids(evs[:2]))
+	if got := seqs(a.Events()); !slices.Equal(got, seqs(evs[:2])) {
+		t.Fatalf("claim A = %v, want the first two events of X %v", got, seqs(evs[:2]))
 	}
 	inFlight := func(req core.ClaimOptions) core.Claim {
 		t.Helper()
-		c, err := in.Store().Claim(ctx, req)
+		c, err := in.Source().Claim(ctx, req)
 		if err != nil {
 			t.Fatalf("claim with events in flight: %v", err)
 		}
@@ -663,24 +685,24 @@ func testGateInFlight(t *testing.T, in Instance) {
 		return c
 	}
 
-	b := inFlight(core.ClaimOptions{Limit: 100, InFlight: ids(a.Events())})
+	b := inFlight(core.ClaimOptions{Limit: 100, InFlight: seqs(a.Events())})
 	want := []int64{evs[2].Seq, evs[3].Seq, evs[4].Seq, evs[5].Seq}
-	if got := ids(b.Events()); !slices.Equal(got, want) {
+	if got := seqs(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("claim B with A's events in flight = %v, want the rest of X with Y and Z %v", got, want)
 	}
 	release(ctx, t, b)
 
 	// X's second event failed: listed without it, X stays back.
-	b = inFlight(core.ClaimOptions{Limit: 100, InFlight: ids(a.Events()[:1])})
+	b = inFlight(core.ClaimOptions{Limit: 100, InFlight: seqs(a.Events()[:1])})
 	want = []int64{evs[2].Seq, evs[4].Seq}
-	if got := ids(b.Events()); !slices.Equal(got, want) {
+	if got := seqs(b.Events()); !slices.Equal(got, want) {
 		t.Fatalf("claim B with only X's first event in flight = %v, want Y and Z only %v", got, want)
 	}
 	release(ctx, t, b)
 
 	// In flight, events stay in their claim: a new claim never returns them.
-	b = inFlight(core.ClaimOptions{Limit: 100, Unordered: true, InFlight: ids(a.Events())})
-	for _, id := range ids(b.Events()) {
+	b = inFlight(core.ClaimOptions{Limit: 100, Unordered: true, InFlight: seqs(a.Events())})
+	for _, id := range seqs(b.Events()) {
 		if id == evs[0].Seq || id == evs[1].Seq {
 			t.Fatalf("unordered claim with A's events in flight returned A's event %d", id)
 		}

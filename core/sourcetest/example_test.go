@@ -16,7 +16,7 @@ import (
 )
 
 // A source passes the suite from its own test. This harness runs a
-// core.Relay over the in-memory store; a kill makes every claim of the
+// core.Relay over the in-memory source; a kill makes every claim of the
 // killed relay end unrecorded, as a dead database session does.
 func ExampleRun() {
 	_ = func(t *testing.T) { sourcetest.Run(t, memSource{}) }
@@ -24,7 +24,7 @@ func ExampleRun() {
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestMemstoreSource(t *testing.T) { sourcetest.Run(t, memSource{}) }
+func TestMemsource(t *testing.T) { sourcetest.Run(t, memSource{}) }
 
 type memSource struct{}
 
@@ -40,24 +40,24 @@ var memOptions = core.Options{
 }
 
 type memInstance struct {
-	st   *memsource.Store
+	st   *memsource.Source
 	mu   sync.Mutex
 	aggs map[int64]string // aggregate of each seq
 	ids  map[int64]string // event id of each seq
 }
 
 func (in *memInstance) Write(_ context.Context, events []core.Event) error {
-	ids := in.st.Add(events...)
+	seqs := in.st.Add(events...)
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	for i, id := range ids {
-		in.aggs[id], in.ids[id] = events[i].AggregateID, events[i].ID
+	for i, seq := range seqs {
+		in.aggs[seq], in.ids[seq] = events[i].AggregateID, events[i].ID
 	}
 	return nil
 }
 
 func (in *memInstance) Start(t *testing.T, pub core.Publisher, obs core.Observer) sourcetest.Relay {
-	k := &killable{Store: in.st}
+	k := &killable{Source: in.st}
 	o := memOptions
 	o.Observer = obs
 	r, err := core.New(k, pub, o)
@@ -73,9 +73,9 @@ func (in *memInstance) Start(t *testing.T, pub core.Publisher, obs core.Observer
 func (in *memInstance) Retry(_ context.Context, agg string) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	for _, id := range in.st.Pending() {
-		if in.aggs[id] == agg {
-			in.st.Retry(id)
+	for _, seq := range in.st.Pending() {
+		if in.aggs[seq] == agg {
+			in.st.Retry(seq)
 		}
 	}
 	return nil
@@ -96,10 +96,10 @@ func (in *memInstance) Held(_ context.Context, agg string) ([]string, error) {
 func (in *memInstance) ReadAhead() int { return memOptions.BatchSize * memOptions.Claimers }
 func (in *memInstance) Ordered() bool  { return true }
 
-// killable is the store as one relay process sees it: once killed, its
+// killable is the source as one relay process sees it: once killed, its
 // claims end without recording, as a dead session's transactions do.
 type killable struct {
-	*memsource.Store
+	*memsource.Source
 	dead atomic.Bool
 }
 
@@ -109,7 +109,7 @@ func (k *killable) Claim(ctx context.Context, o core.ClaimOptions) (core.Claim, 
 	if k.dead.Load() {
 		return nil, errKilled
 	}
-	c, err := k.Store.Claim(ctx, o)
+	c, err := k.Source.Claim(ctx, o)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,8 @@
-// Package memsource is an in-memory core.Source with the same claiming rules
-// as the PostgreSQL store: disjoint claims, id order, the per-aggregate gate
-// in ordered mode (with the caller's events in flight) and retry times. It is for tests of the relay engine and of
-// code built on it; it keeps nothing across restarts.
+// Package memsource is an in-memory core.Source with the same claiming
+// rules as the table source: disjoint claims, seq order, the per-aggregate
+// gate in ordered mode (with the caller's events in flight) and retry
+// times. It is for tests of the relay engine and of code built on it; it
+// keeps nothing across restarts.
 package memsource
 
 import (
@@ -18,17 +19,17 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// Store holds events in memory. The zero value is not usable; call New.
-type Store struct {
+// Source holds events in memory. The zero value is not usable; call New.
+type Source struct {
 	mu      sync.Mutex
-	nextID  int64
+	nextSeq int64
 	rows    map[int64]*row
 	claimed map[int64]bool
 	// claimErr, when set, is returned by Claim (see SetClaimErr).
 	claimErr error
 }
 
-var _ core.Source = (*Store)(nil)
+var _ core.Source = (*Source)(nil)
 
 type row struct {
 	ev         core.Event
@@ -37,20 +38,20 @@ type row struct {
 	lastError  string
 }
 
-// New returns an empty store.
-func New() *Store {
-	return &Store{rows: make(map[int64]*row), claimed: make(map[int64]bool)}
+// New returns an empty source.
+func New() *Source {
+	return &Source{rows: make(map[int64]*row), claimed: make(map[int64]bool)}
 }
 
-// Add appends events as if committed by a producer, assigning ids and UIDs
-// when unset, and returns the ids.
-func (s *Store) Add(events ...core.Event) []int64 {
+// Add appends events as if committed by a producer, assigning seqs, and ids
+// when unset, and returns the seqs.
+func (s *Source) Add(events ...core.Event) []int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ids := make([]int64, 0, len(events))
+	seqs := make([]int64, 0, len(events))
 	for _, e := range events {
-		s.nextID++
-		e.Seq = s.nextID
+		s.nextSeq++
+		e.Seq = s.nextSeq
 		if e.ID == "" {
 			e.ID = uuid.NewString()
 		}
@@ -58,62 +59,62 @@ func (s *Store) Add(events ...core.Event) []int64 {
 			e.CreatedAt = time.Now()
 		}
 		s.rows[e.Seq] = &row{ev: e}
-		ids = append(ids, e.Seq)
+		seqs = append(seqs, e.Seq)
 	}
-	return ids
+	return seqs
 }
 
-// Pending returns the ids of events not yet dispatched, in id order.
-func (s *Store) Pending() []int64 {
+// Pending returns the seqs of events not yet dispatched, in seq order.
+func (s *Source) Pending() []int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var ids []int64
-	for id, r := range s.rows {
+	var seqs []int64
+	for seq, r := range s.rows {
 		if !r.dispatched {
-			ids = append(ids, id)
+			seqs = append(seqs, seq)
 		}
 	}
-	slices.Sort(ids)
-	return ids
+	slices.Sort(seqs)
+	return seqs
 }
 
 // LastError returns the recorded failure reason of an event.
-func (s *Store) LastError(id int64) string {
+func (s *Source) LastError(seq int64) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r := s.rows[id]; r != nil {
+	if r := s.rows[seq]; r != nil {
 		return r.lastError
 	}
 	return ""
 }
 
 // Held reports whether an event is held until an operator retries it.
-func (s *Store) Held(id int64) bool {
+func (s *Source) Held(seq int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.rows[id]
+	r := s.rows[seq]
 	return r != nil && r.retryAt != nil && r.retryAt.IsZero()
 }
 
 // Retry makes a held or backing-off event available now.
-func (s *Store) Retry(id int64) {
+func (s *Source) Retry(seq int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r := s.rows[id]; r != nil {
+	if r := s.rows[seq]; r != nil {
 		r.retryAt = nil
 	}
 }
 
 // SetClaimErr makes Claim fail with err until called with nil; tests use it
 // to simulate an unreachable database. It is safe to call while relays run.
-func (s *Store) SetClaimErr(err error) {
+func (s *Source) SetClaimErr(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.claimErr = err
 }
 
 // Claim implements core.Source.
-func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
+func (s *Source) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -126,38 +127,38 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 	// they are in an open claim; one whose claim has ended since the caller
 	// listed it is pending like any other, or dispatched.
 	inFlight := make(map[int64]bool, len(req.InFlight))
-	for _, id := range req.InFlight {
-		inFlight[id] = s.claimed[id]
+	for _, seq := range req.InFlight {
+		inFlight[seq] = s.claimed[seq]
 	}
 	now := time.Now()
-	ids := make([]int64, 0, len(s.rows))
-	for id, r := range s.rows {
+	seqs := make([]int64, 0, len(s.rows))
+	for seq, r := range s.rows {
 		if !r.dispatched {
-			ids = append(ids, id)
+			seqs = append(seqs, seq)
 		}
 	}
-	slices.Sort(ids)
+	slices.Sort(seqs)
 	// blocked holds aggregates whose earliest pending event is not ours.
 	blocked := make(map[string]bool)
 	c := &claim{s: s}
-	for _, id := range ids {
+	for _, seq := range seqs {
 		if len(c.events) >= req.Limit {
 			break
 		}
-		r := s.rows[id]
+		r := s.rows[seq]
 		agg := r.ev.AggregateID
-		available := !s.claimed[id] && (r.retryAt == nil || (!r.retryAt.IsZero() && !r.retryAt.After(now)))
+		available := !s.claimed[seq] && (r.retryAt == nil || (!r.retryAt.IsZero() && !r.retryAt.After(now)))
 		if !req.Unordered && blocked[agg] {
 			continue
 		}
-		if inFlight[id] {
+		if inFlight[seq] {
 			continue
 		}
 		if !available {
 			blocked[agg] = true
 			continue
 		}
-		s.claimed[id] = true
+		s.claimed[seq] = true
 		// A copy, so a publisher touching it cannot change the stored row.
 		e := r.ev
 		e.Payload = slices.Clone(e.Payload)
@@ -168,7 +169,7 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, e
 }
 
 type claim struct {
-	s      *Store
+	s      *Source
 	events []core.Event
 	ended  bool
 }
@@ -186,9 +187,9 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	for _, e := range c.events {
 		mine[e.Seq] = true
 	}
-	for _, id := range done {
-		if !mine[id] {
-			return fmt.Errorf("complete claim: event %d is not in this claim", id)
+	for _, seq := range done {
+		if !mine[seq] {
+			return fmt.Errorf("complete claim: event %d is not in this claim", seq)
 		}
 	}
 	for _, f := range failed {
@@ -199,8 +200,8 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	if err := c.end(); err != nil {
 		return err
 	}
-	for _, id := range done {
-		c.s.rows[id].dispatched = true
+	for _, seq := range done {
+		c.s.rows[seq].dispatched = true
 	}
 	for _, f := range failed {
 		r := c.s.rows[f.Seq]

@@ -16,9 +16,9 @@ type harness struct{}
 
 func (harness) Open(t *testing.T) claimtest.Instance { return instance{memsource.New()} }
 
-type instance struct{ s *memsource.Store }
+type instance struct{ s *memsource.Source }
 
-func (in instance) Store() core.Source { return in.s }
+func (in instance) Source() core.Source { return in.s }
 
 func (in instance) Produce(ctx context.Context, events []core.Event, commit bool) error {
 	if commit {
