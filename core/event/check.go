@@ -1,6 +1,7 @@
 package event
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,8 +11,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
 )
 
 // FieldError says which field of an event breaks a rule. Msg is the
@@ -112,15 +111,73 @@ func CheckDeliverAt(t time.Time) error {
 // ErrNotUUID is wrapped by ParseID's error for an id that is not a UUID.
 var ErrNotUUID = errors.New("not a UUID")
 
-// ParseID reads an event id: a UUID in any form uuid.Parse accepts,
-// returned in its canonical form. The error wraps ErrNotUUID.
+// ParseID reads an event id, a UUID in one of the forms RFC 9562 and
+// Microsoft use, hex digits in either case: 8-4-4-4-12 with hyphens, the
+// same after "urn:uuid:" or between braces, or 32 digits alone. It returns
+// the canonical form: with hyphens, in lower case. The error wraps
+// ErrNotUUID.
 func ParseID(id string) (string, error) {
-	u, err := uuid.Parse(id)
-	if err != nil {
-		return "", fmt.Errorf("%q is %w", Short(id), ErrNotUUID)
+	s := id
+	switch len(id) {
+	case 32, 36:
+	case 36 + 9:
+		if !strings.EqualFold(id[:9], "urn:uuid:") {
+			return "", notUUID(id)
+		}
+		s = id[9:]
+	case 36 + 2:
+		// The braces themselves are not checked: ids have always been
+		// read so (with github.com/google/uuid's Parse), and stored ids
+		// must keep reading the same.
+		s = id[1:37]
+	default:
+		return "", notUUID(id)
 	}
-	return u.String(), nil
+	at := &hexAt32
+	if len(s) == 36 {
+		if s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+			return "", notUUID(id)
+		}
+		at = &hexAt36
+	}
+	var u [16]byte
+	for i, x := range at {
+		hi, ok1 := unhex(s[x])
+		lo, ok2 := unhex(s[x+1])
+		if !ok1 || !ok2 {
+			return "", notUUID(id)
+		}
+		u[i] = hi<<4 | lo
+	}
+	var out [36]byte
+	hex.Encode(out[0:8], u[0:4])
+	hex.Encode(out[9:13], u[4:6])
+	hex.Encode(out[14:18], u[6:8])
+	hex.Encode(out[19:23], u[8:10])
+	hex.Encode(out[24:], u[10:])
+	out[8], out[13], out[18], out[23] = '-', '-', '-', '-'
+	return string(out[:]), nil
 }
+
+// Where each byte's two hex digits start, without and with hyphens.
+var (
+	hexAt32 = [16]int{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+	hexAt36 = [16]int{0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34}
+)
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+func notUUID(id string) error { return fmt.Errorf("%q is %w", Short(id), ErrNotUUID) }
 
 // CheckFields applies the rules of an event's key, type, content type,
 // topic and deliver-at time. Its id, headers and payload each source
