@@ -48,3 +48,23 @@ func Example() {
 	// order-1 order.paid {}
 	// pending: 0
 }
+
+// Retry calls a function until it succeeds, waiting longer after each
+// failure in a row; reset starts the count over.
+func ExampleBackoff_Retry() {
+	attempts := 0
+	err := core.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond}.Retry(context.Background(),
+		func(reset func()) error {
+			attempts++
+			if attempts < 3 {
+				return fmt.Errorf("attempt %d: connection refused", attempts)
+			}
+			return nil
+		},
+		func(err error, wait time.Duration) { fmt.Println(err) })
+	fmt.Println("attempts:", attempts, "error:", err)
+	// Output:
+	// attempt 1: connection refused
+	// attempt 2: connection refused
+	// attempts: 3 error: <nil>
+}

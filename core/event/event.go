@@ -1,22 +1,34 @@
 // Package event holds the rules of an outbox event that every producer and
-// both relay sources share: what its fields may hold and how large they
-// may be, the format of the message a log-only producer emits into the
-// write-ahead log, and the check a relay applies to a stored row before
-// publishing it. outbox.Writer and outbox.LogWriter apply the rules to what
-// a producer writes, the table source (package store) to the rows it
-// claims, and the log source (package store/logrelay) to the rows and
-// messages it reads, so all of them accept and refuse the same events.
+// both relay sources share: what its fields may hold and how large they may
+// be, the headers the relay sets, the format of the message a log-only
+// producer emits into the write-ahead log, and the check a relay applies to
+// a stored row before publishing it. outbox.Writer and outbox.LogWriter
+// apply the rules to what a producer writes, the table source
+// (store/table) to the rows it claims, and the log source (store/logrelay)
+// to the rows and messages it reads, so all of them accept and refuse the
+// same events.
 //
-// It lives at the module root, beside the writer, rather than under store,
-// because it is not about PostgreSQL: it imports only the standard library,
-// google/uuid and core's definitions (core imports nothing but the
-// standard library), so a producer links the rules without the log relay
-// (store/logrelay) and pglogrepl. Limits that are configurable (the writer's
-// payload limit, the relay's event limit) are passed in by the caller,
-// which keeps their defaults.
+// The package is a leaf: it links only the standard library, so core, the
+// producers and the sources all import it, and a producer links the rules
+// without the log relay and its replication library.
 //
-// Migration 7 states the same rules again as the table's checks and in
-// its SQL write function, for producers that do not use Go.
+// # Main names
+//
+//   - CheckFields, EncodeHeaders, CheckPayload and ParseID check an event
+//     before it is written; their errors are a *FieldError naming the
+//     field (ParseID's wraps ErrNotUUID).
+//   - CheckRow is the check a relay applies to a row it claimed.
+//   - Header* are the header names the relay sets on every message;
+//     producers may not set them (ReservedHeaders).
+//   - Max* are the limits every producer and the relay share; limits that
+//     are configurable (the writer's payload limit, the relay's event
+//     limit) are passed in by the caller, which keeps their defaults.
+//   - Message, EncodeMessage and DecodeMessage are the log-only message
+//     format.
+//
+// Migration 7 states the same rules again as the table's checks and in its
+// SQL write function, for producers that do not use Go. Where next: the
+// table contract in docs/design.md, and the outbox package's Writer.
 package event
 
 import (
