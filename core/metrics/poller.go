@@ -18,11 +18,11 @@ type PollerOptions struct {
 	Namespace  string                // default "outbox"
 	Interval   time.Duration         // between queries; default 15s
 	Timeout    time.Duration         // bound on one query; default 10s
-	StuckAfter time.Duration         // default: the store's
+	StuckAfter time.Duration         // default: the source's
 	Logger     *slog.Logger          // default: discard
 }
 
-// Poller keeps the backlog gauges current by querying the store on an
+// Poller keeps the backlog gauges current by querying the source on an
 // interval. Every replica that runs one exports the same values; alert on
 // max() across them.
 type Poller struct {
@@ -98,7 +98,7 @@ func (p *Poller) Run(ctx context.Context) {
 	}
 }
 
-// Poll queries the store once and updates the gauges.
+// Poll queries the source once and updates the gauges.
 func (p *Poller) Poll(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
