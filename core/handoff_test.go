@@ -130,7 +130,7 @@ func TestHandOffKeepsOrderAndTellsOutageFromBadEvent(t *testing.T) {
 	if _, ok := failed[2]; ok {
 		t.Errorf("event 2, only behind a failed one, handed off with a failure")
 	}
-	if got := out.ids(); !slices.Equal(got, []int64{6}) {
+	if got := out.seqs(); !slices.Equal(got, []int64{6}) {
 		t.Errorf("published %v, want [6]", got)
 	}
 }
@@ -155,11 +155,11 @@ func TestOutageKeepsEventsInPlace(t *testing.T) {
 	startRelay(t, s, pub, core.Options{BatchSize: 10, HandOffAfter: 2, RetryBackoff: fastRetry, PollInterval: 10 * time.Millisecond})
 	waitFor(t, "retries during the outage", func() bool { return attempts.Load() > 20 })
 	down.Store(false)
-	waitFor(t, "every event once the broker is back", func() bool { return len(out.ids()) == 3 })
+	waitFor(t, "every event once the broker is back", func() bool { return len(out.seqs()) == 3 })
 	if off, _ := s.handedOff(); len(off) > 0 {
 		t.Errorf("handed off %v during an outage", off)
 	}
-	if got := out.ids(); slices.Index(got, 1) > slices.Index(got, 2) {
+	if got := out.seqs(); slices.Index(got, 1) > slices.Index(got, 2) {
 		t.Errorf("published %v: a's events out of order", got)
 	}
 }
@@ -189,7 +189,7 @@ func TestStopFinishesEventsThatCannotBeOfferedAgain(t *testing.T) {
 	if err := r.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := out.ids(); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+	if got := out.seqs(); !slices.Equal(got, []int64{1, 2, 3, 4}) {
 		t.Errorf("published %v by the end of a graceful stop, want all four in order", got)
 	}
 }
@@ -263,11 +263,11 @@ func TestSleepThenClaimOnceMore(t *testing.T) {
 	var out log
 	pub := pubFunc(func(_ context.Context, e *core.Event) error { out.add(e); return nil })
 	r := startRelay(t, s, pub, core.Options{PollInterval: time.Hour, BatchSize: 2})
-	waitFor(t, "the silent event", func() bool { return len(out.ids()) == 1 })
+	waitFor(t, "the silent event", func() bool { return len(out.seqs()) == 1 })
 	s.Add(core.Event{ID: "woken", AggregateID: "a", Type: "t"})
 	s.Add(core.Event{ID: "woken2", AggregateID: "b", Type: "t"})
 	r.Wake()
-	waitFor(t, "the events after a wake-up", func() bool { return len(out.ids()) == 3 })
+	waitFor(t, "the events after a wake-up", func() bool { return len(out.seqs()) == 3 })
 	waitFor(t, "the sleep to end on waking and begin again", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -294,7 +294,7 @@ func TestEmptyWakeupsKeepTheSleep(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	s.write(core.Event{ID: "mine", AggregateID: "a", Type: "t"})
-	waitFor(t, "the event", func() bool { return len(out.ids()) == 1 })
+	waitFor(t, "the event", func() bool { return len(out.seqs()) == 1 })
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.awakes != 0 || s.sleeps != 1 {
@@ -334,9 +334,9 @@ func TestHandOffClaimsDoNotHoldClaimingBack(t *testing.T) {
 	s.mu.Unlock()
 	waitFor(t, "b's events published, and a's handed off after them", func() bool {
 		off, _ := s.handedOff()
-		return len(off) == 6 && len(out.ids()) == 3
+		return len(off) == 6 && len(out.seqs()) == 3
 	})
-	if got := out.ids(); !slices.Equal(got, []int64{100, 101, 102}) {
+	if got := out.seqs(); !slices.Equal(got, []int64{100, 101, 102}) {
 		t.Errorf("published %v, want b's three events", got)
 	}
 }
@@ -353,7 +353,7 @@ func TestSteadyTrafficSendsFewWakeups(t *testing.T) {
 		s.write(core.Event{ID: fmt.Sprint(i), AggregateID: "a", Type: "t"})
 		time.Sleep(time.Millisecond)
 	}
-	waitFor(t, "every event", func() bool { return len(out.ids()) == events })
+	waitFor(t, "every event", func() bool { return len(out.seqs()) == events })
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.notifies > events/4 {

@@ -22,7 +22,7 @@ func (s holdingSource) Hold(ctx context.Context, held func()) error { return s.h
 
 func TestRelayClaimsOnlyOnceHeld(t *testing.T) {
 	s := memsource.New()
-	id := s.Add(core.Event{AggregateID: "a", Type: "t.x"})[0]
+	seq := s.Add(core.Event{AggregateID: "a", Type: "t.x"})[0]
 	gate := make(chan struct{})
 	var holding, claimedUnheld atomic.Bool
 	src := holdingSource{Source: s, hold: func(ctx context.Context, held func()) error {
@@ -54,11 +54,11 @@ func TestRelayClaimsOnlyOnceHeld(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	time.Sleep(200 * time.Millisecond) // forty polls
-	if published.has(id) {
+	if published.has(seq) {
 		t.Fatal("the relay published before its source held")
 	}
 	close(gate)
-	waitFor(t, "the event to be published once held", func() bool { return published.has(id) })
+	waitFor(t, "the event to be published once held", func() bool { return published.has(seq) })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v, want nil after cancel", err)
@@ -99,8 +99,8 @@ func TestHoldErrorStopsRelay(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- r.Run(context.Background()) }()
 			if tc.afterHeld {
-				id := s.Add(core.Event{AggregateID: "a", Type: "t.x"})[0]
-				waitFor(t, "the event to be published while held", func() bool { return published.has(id) })
+				seq := s.Add(core.Event{AggregateID: "a", Type: "t.x"})[0]
+				waitFor(t, "the event to be published while held", func() bool { return published.has(seq) })
 				close(lose)
 			}
 			select {
@@ -111,7 +111,7 @@ func TestHoldErrorStopsRelay(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("the relay kept running after its source's Hold returned")
 			}
-			if !tc.afterHeld && len(published.ids()) > 0 {
+			if !tc.afterHeld && len(published.seqs()) > 0 {
 				t.Error("the relay published without its source holding")
 			}
 		})

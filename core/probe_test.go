@@ -107,9 +107,9 @@ func TestUndeliverableDoesNotBackOffTheLoop(t *testing.T) {
 		ErrorBackoff: core.Backoff{Min: 20 * time.Second, Max: 30 * time.Second},
 	})
 	waitFor(t, "the undeliverable event's failure to be recorded", func() bool { return s.LastError(unrouted) != "" })
-	ids := s.Add(core.Event{AggregateID: "routed"})
+	seqs := s.Add(core.Event{AggregateID: "routed"})
 	added := time.Now()
-	for !sent.has(ids[0]) {
+	for !sent.has(seqs[0]) {
 		if time.Since(added) > 2*time.Second {
 			t.Fatal("an event waited over 2s behind another's undeliverable failure")
 		}

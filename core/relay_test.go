@@ -38,7 +38,7 @@ func (l *log) add(e *core.Event) {
 	l.evs = append(l.evs, *e)
 }
 
-func (l *log) ids() []int64 {
+func (l *log) seqs() []int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]int64, len(l.evs))
@@ -48,7 +48,7 @@ func (l *log) ids() []int64 {
 	return out
 }
 
-func (l *log) has(id int64) bool { return slices.Contains(l.ids(), id) }
+func (l *log) has(seq int64) bool { return slices.Contains(l.seqs(), seq) }
 
 // countingStore counts claims made through it.
 type countingStore struct {
@@ -98,8 +98,8 @@ func addInterleaved(s *memsource.Source, aggregates, perAggregate int) map[int64
 	for i := range perAggregate {
 		for a := range aggregates {
 			agg := fmt.Sprintf("agg-%d", a)
-			id := s.Add(core.Event{AggregateID: agg, Type: "t.x", Payload: fmt.Appendf(nil, `{"i":%d}`, i)})[0]
-			aggOf[id] = agg
+			seq := s.Add(core.Event{AggregateID: agg, Type: "t.x", Payload: fmt.Appendf(nil, `{"i":%d}`, i)})[0]
+			aggOf[seq] = agg
 		}
 	}
 	return aggOf
@@ -148,16 +148,16 @@ func checkAggregateOrder(t *testing.T, o core.Options) {
 	waitFor(t, "every event to be published", drained(s))
 
 	last := make(map[string]int64)
-	ids := published.ids()
-	if len(ids) != len(aggOf) {
-		t.Fatalf("published %d events, want %d", len(ids), len(aggOf))
+	seqs := published.seqs()
+	if len(seqs) != len(aggOf) {
+		t.Fatalf("published %d events, want %d", len(seqs), len(aggOf))
 	}
-	for _, id := range ids {
-		a := aggOf[id]
-		if id <= last[a] {
-			t.Fatalf("aggregate %s: event %d published after %d", a, id, last[a])
+	for _, seq := range seqs {
+		a := aggOf[seq]
+		if seq <= last[a] {
+			t.Fatalf("aggregate %s: event %d published after %d", a, seq, last[a])
 		}
-		last[a] = id
+		last[a] = seq
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -185,10 +185,10 @@ func TestUnorderedPublishesEverything(t *testing.T) {
 	})
 	startRelay(t, s, pub, core.Options{BatchSize: 50, Lanes: 8, Unordered: true, PollInterval: time.Millisecond})
 	waitFor(t, "every event to be published", drained(s))
-	got := published.ids()
+	got := published.seqs()
 	slices.Sort(got)
 	if len(got) != len(aggOf) || len(slices.Compact(got)) != len(aggOf) {
-		t.Fatalf("published %d events (with duplicates removed %d), want each of %d once", len(published.ids()), len(got), len(aggOf))
+		t.Fatalf("published %d events (with duplicates removed %d), want each of %d once", len(published.seqs()), len(got), len(aggOf))
 	}
 	// Three aggregates, eight lanes: unordered mode spreads one
 	// aggregate's events over lanes.
@@ -243,9 +243,9 @@ func TestTransientFailureRetriedWithBackoff(t *testing.T) {
 		t.Fatalf("the failing event was published with attempts %v, want [0 1]", attempts)
 	}
 	var order []int64
-	for _, id := range published.ids() {
-		if id == x[0] || id == x[2] || id == x[4] {
-			order = append(order, id)
+	for _, seq := range published.seqs() {
+		if seq == x[0] || seq == x[2] || seq == x[4] {
+			order = append(order, seq)
 		}
 	}
 	if !slices.Equal(order, []int64{x[0], x[2], x[4]}) {
@@ -255,11 +255,11 @@ func TestTransientFailureRetriedWithBackoff(t *testing.T) {
 
 func TestPermanentFailureHoldsOnlyItsAggregate(t *testing.T) {
 	s := memsource.New()
-	ids := s.Add(
+	seqs := s.Add(
 		core.Event{AggregateID: "x"}, core.Event{AggregateID: "x"}, core.Event{AggregateID: "y"},
 		core.Event{AggregateID: "x"}, core.Event{AggregateID: "y"},
 	)
-	poison := ids[1]
+	poison := seqs[1]
 	var published log
 	var reject atomic.Bool
 	reject.Store(true)
@@ -273,12 +273,12 @@ func TestPermanentFailureHoldsOnlyItsAggregate(t *testing.T) {
 	obs := &observer{}
 	startRelay(t, s, pub, core.Options{BatchSize: 2, PollInterval: time.Millisecond, Observer: obs})
 	waitFor(t, "the poison event to be held", func() bool { return s.Held(poison) })
-	waitFor(t, "the other aggregate to be published", func() bool { return published.has(ids[2]) && published.has(ids[4]) })
+	waitFor(t, "the other aggregate to be published", func() bool { return published.has(seqs[2]) && published.has(seqs[4]) })
 	// Claims go on (the observer sees them) yet x stays held back.
 	from := obs.claims.Load()
 	waitFor(t, "further claims", func() bool { return obs.claims.Load() > from+3 })
-	if published.has(poison) || published.has(ids[3]) {
-		t.Fatalf("published %v; the held event and the x event after it must wait", published.ids())
+	if published.has(poison) || published.has(seqs[3]) {
+		t.Fatalf("published %v; the held event and the x event after it must wait", published.seqs())
 	}
 	if !strings.Contains(s.LastError(poison), "message too large") {
 		t.Fatalf("recorded reason %q", s.LastError(poison))
@@ -288,8 +288,8 @@ func TestPermanentFailureHoldsOnlyItsAggregate(t *testing.T) {
 	reject.Store(false)
 	s.Retry(poison)
 	waitFor(t, "every event to be published", drained(s))
-	got := published.ids()
-	if i, j := slices.Index(got, poison), slices.Index(got, ids[3]); i > j {
+	got := published.seqs()
+	if i, j := slices.Index(got, poison), slices.Index(got, seqs[3]); i > j {
 		t.Fatalf("after the retry x went out as %v", got)
 	}
 }
@@ -342,7 +342,7 @@ func TestBrokerDownBacksOff(t *testing.T) {
 	t.Logf("%d claims in %v with the broker down", n, window)
 	up.Store(true)
 	waitFor(t, "every event to be published after the broker came back", drained(s))
-	if got := len(published.ids()); got != 5 {
+	if got := len(published.seqs()); got != 5 {
 		t.Fatalf("published %d events, want 5", got)
 	}
 }
@@ -372,11 +372,11 @@ func TestStoreDownBacksOff(t *testing.T) {
 		t.Fatal("LastProgress moved although no claim reached the store")
 	}
 	t.Logf("%d claims in %v with the store down", n, window)
-	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
+	seqs := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
 	s.SetClaimErr(nil)
 	waitFor(t, "the events to be published after the store came back", drained(s))
-	if got := published.ids(); !slices.Equal(got, ids) && !slices.Equal(got, []int64{ids[1], ids[0]}) {
-		t.Fatalf("published %v, want %v", got, ids)
+	if got := published.seqs(); !slices.Equal(got, seqs) && !slices.Equal(got, []int64{seqs[1], seqs[0]}) {
+		t.Fatalf("published %v, want %v", got, seqs)
 	}
 	if r.LastProgress().IsZero() {
 		t.Fatal("LastProgress not set after successful cycles")
@@ -385,7 +385,7 @@ func TestStoreDownBacksOff(t *testing.T) {
 
 func TestStopFinishesInFlightBatch(t *testing.T) {
 	s := memsource.New()
-	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
+	seqs := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "b"})
 	entered := make(chan struct{}, 2)
 	release := make(chan struct{})
 	var published log
@@ -421,14 +421,14 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 	if p := s.Pending(); len(p) != 0 {
 		t.Fatalf("after a graceful stop events %v are pending; the in-flight batch must be recorded", p)
 	}
-	if got := published.ids(); len(got) != len(ids) {
-		t.Fatalf("published %v, want %v", got, ids)
+	if got := published.seqs(); len(got) != len(seqs) {
+		t.Fatalf("published %v, want %v", got, seqs)
 	}
 }
 
 func TestStopWithExpiredContextCancelsPublishes(t *testing.T) {
 	s := memsource.New()
-	ids := s.Add(core.Event{AggregateID: "fast"}, core.Event{AggregateID: "slow"})
+	seqs := s.Add(core.Event{AggregateID: "fast"}, core.Event{AggregateID: "slow"})
 	slowEntered := make(chan struct{})
 	var cancelled atomic.Bool
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error {
@@ -459,11 +459,11 @@ func TestStopWithExpiredContextCancelsPublishes(t *testing.T) {
 	}
 	// What reached the broker is recorded; the cancelled event stays
 	// pending as it was, with no failure counted against it.
-	if p := s.Pending(); !slices.Equal(p, []int64{ids[1]}) {
-		t.Fatalf("pending = %v, want only the cancelled event %d", p, ids[1])
+	if p := s.Pending(); !slices.Equal(p, []int64{seqs[1]}) {
+		t.Fatalf("pending = %v, want only the cancelled event %d", p, seqs[1])
 	}
-	if s.LastError(ids[1]) != "" || s.Held(ids[1]) {
-		t.Fatalf("the cancelled event was recorded as failed: %q", s.LastError(ids[1]))
+	if s.LastError(seqs[1]) != "" || s.Held(seqs[1]) {
+		t.Fatalf("the cancelled event was recorded as failed: %q", s.LastError(seqs[1]))
 	}
 }
 
@@ -478,9 +478,9 @@ func TestRunReturnsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	id := s.Add(core.Event{AggregateID: "a"})[0]
+	seq := s.Add(core.Event{AggregateID: "a"})[0]
 	r.Wake()
-	waitFor(t, "the event to be published", func() bool { return published.has(id) })
+	waitFor(t, "the event to be published", func() bool { return published.has(seq) })
 	cancel()
 	select {
 	case err := <-done:
@@ -502,10 +502,10 @@ func TestWakeShortensPoll(t *testing.T) {
 	obs := &observer{}
 	r := startRelay(t, s, pub, core.Options{PollInterval: time.Hour, Observer: obs})
 	waitFor(t, "the first (empty) claim", func() bool { return obs.claims.Load() > 0 })
-	id := s.Add(core.Event{AggregateID: "a"})[0]
+	seq := s.Add(core.Event{AggregateID: "a"})[0]
 	start := time.Now()
 	r.Wake()
-	waitFor(t, "the woken relay to publish", func() bool { return published.has(id) })
+	waitFor(t, "the woken relay to publish", func() bool { return published.has(seq) })
 	t.Logf("wake to publish: %v", time.Since(start))
 }
 
@@ -591,9 +591,9 @@ func TestPermanentRejectionIsNotBrokerDown(t *testing.T) {
 		ErrorBackoff: core.Backoff{Min: time.Hour, Max: time.Hour},
 	})
 	waitFor(t, "the poison event to be held", func() bool { return s.Held(poison) })
-	id := s.Add(core.Event{AggregateID: "y", Type: "fine"})[0]
+	seq := s.Add(core.Event{AggregateID: "y", Type: "fine"})[0]
 	r.Wake()
-	waitFor(t, "the next event to be published", func() bool { return published.has(id) })
+	waitFor(t, "the next event to be published", func() bool { return published.has(seq) })
 }
 
 // Options reports the effective values, defaults filled in, so that code
@@ -617,7 +617,7 @@ func TestOptionsHaveDefaults(t *testing.T) {
 // lane's next publish, the retry, gets a live context.
 func TestRelayCutsAHungPublishAndRetriesIt(t *testing.T) {
 	s := memsource.New()
-	ids := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "a"})
+	seqs := s.Add(core.Event{AggregateID: "a"}, core.Event{AggregateID: "a"})
 	var (
 		mu   sync.Mutex
 		cut  []error
@@ -648,7 +648,7 @@ func TestRelayCutsAHungPublishAndRetriesIt(t *testing.T) {
 	if len(cut) != 1 || !errors.Is(cut[0], context.DeadlineExceeded) {
 		t.Fatalf("the hung publish saw %v, want the deadline's error", cut)
 	}
-	if got := sent.ids(); !slices.Equal(got, ids) {
-		t.Fatalf("published %v, want %v in order after the retry", got, ids)
+	if got := sent.seqs(); !slices.Equal(got, seqs) {
+		t.Fatalf("published %v, want %v in order after the retry", got, seqs)
 	}
 }

@@ -83,7 +83,7 @@ func TestSlowPublishOpensTheOtherClaims(t *testing.T) {
 		ms.Add(core.Event{AggregateID: fmt.Sprintf("agg-%d", i)})
 	}
 	waitFor(t, "the other aggregates' events to be published while one publish hangs", func() bool {
-		return len(published.ids()) == 40
+		return len(published.seqs()) == 40
 	})
 	close(slow)
 	waitFor(t, "every event to be published", drained(ms))

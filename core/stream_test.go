@@ -88,7 +88,7 @@ func TestPublishingDoesNotWaitForRecording(t *testing.T) {
 	var published log
 	pub := pubFunc(func(ctx context.Context, e *core.Event) error { published.add(e); return nil })
 	startRelay(t, st, pub, core.Options{BatchSize: 10, Lanes: 4, Claimers: 3, PollInterval: time.Millisecond})
-	waitFor(t, "three batches published while none is recorded", func() bool { return len(published.ids()) == 30 })
+	waitFor(t, "three batches published while none is recorded", func() bool { return len(published.seqs()) == 30 })
 	if n := st.overlapped.Load(); n < 2 {
 		t.Fatalf("%d claims were made while another was open, want 2", n)
 	}
@@ -110,7 +110,7 @@ func TestClaimsWhileLanesPublish(t *testing.T) {
 	pub := holding(&published, slow, func(e *core.Event) bool { return e.Seq == first })
 	startRelay(t, st, pub, core.Options{BatchSize: 5, Lanes: 4, Claimers: 2, PollInterval: time.Millisecond})
 	waitFor(t, "the second batch to be published while the first one's slow event is out", func() bool {
-		return len(published.ids()) >= 9
+		return len(published.seqs()) >= 9
 	})
 	close(slow)
 	waitFor(t, "every event to be published", drained(ms))
@@ -128,9 +128,9 @@ func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
 		if i%10 == 0 {
 			agg = "slow"
 		}
-		id := ms.Add(core.Event{AggregateID: agg})[0]
+		seq := ms.Add(core.Event{AggregateID: agg})[0]
 		if agg == "slow" {
-			slowIDs = append(slowIDs, id)
+			slowIDs = append(slowIDs, seq)
 		}
 	}
 	st := &gatedStore{Source: ms}
@@ -157,17 +157,17 @@ func TestSlowAggregateHoldsBackOnlyItself(t *testing.T) {
 	startRelay(t, st, pub, core.Options{BatchSize: 10, Lanes: 4, Claimers: 3, PollInterval: time.Millisecond})
 	others := func() int {
 		n := 0
-		for _, id := range published.ids() {
-			if !slices.Contains(slowIDs, id) {
+		for _, seq := range published.seqs() {
+			if !slices.Contains(slowIDs, seq) {
 				n++
 			}
 		}
 		return n
 	}
 	waitFor(t, "every other aggregate to be published while one hangs", func() bool { return others() == 180 })
-	for _, id := range published.ids() {
-		if slices.Contains(slowIDs, id) {
-			t.Fatalf("event %d of the hanging aggregate was published before its first", id)
+	for _, seq := range published.seqs() {
+		if slices.Contains(slowIDs, seq) {
+			t.Fatalf("event %d of the hanging aggregate was published before its first", seq)
 		}
 	}
 	if st.inFlight.Load() == 0 {
@@ -248,11 +248,11 @@ func (c *failClaim) Complete(ctx context.Context, done []int64, failed []core.Fa
 // failed event, which is retried first.
 func TestFailureHoldsLaterClaimsOfItsAggregate(t *testing.T) {
 	ms := memsource.New()
-	var ids []int64
+	var seqs []int64
 	for range 6 {
-		ids = append(ids, ms.Add(core.Event{AggregateID: "x"})[0])
+		seqs = append(seqs, ms.Add(core.Event{AggregateID: "x"})[0])
 	}
-	st := &failStore{Source: ms, failing: ids[1], claiming: make(chan struct{}), failed: make(chan struct{}),
+	st := &failStore{Source: ms, failing: seqs[1], claiming: make(chan struct{}), failed: make(chan struct{}),
 		completing: make(chan struct{}), claimed: make(chan struct{})}
 	var failedOnce atomic.Bool
 	var published log
@@ -268,11 +268,11 @@ func TestFailureHoldsLaterClaimsOfItsAggregate(t *testing.T) {
 	startRelay(t, st, pub, core.Options{BatchSize: 2, Lanes: 2, Claimers: 3, PollInterval: time.Millisecond,
 		RetryBackoff: core.Backoff{Min: 50 * time.Millisecond, Max: 50 * time.Millisecond}})
 	waitFor(t, "every event to be published", drained(ms))
-	got := published.ids()
+	got := published.seqs()
 	if !slices.IsSorted(got) {
 		t.Fatalf("x went out as %v: a later event passed the failed one", got)
 	}
-	if !slices.Equal(slices.Compact(slices.Clone(got)), ids) {
-		t.Fatalf("published %v, want %v", got, ids)
+	if !slices.Equal(slices.Compact(slices.Clone(got)), seqs) {
+		t.Fatalf("published %v, want %v", got, seqs)
 	}
 }
