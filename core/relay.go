@@ -219,6 +219,9 @@ func (r *Relay) hold(ctx context.Context, h Holder) (held bool, release func()) 
 	return false, release
 }
 
+// loop runs the relay until it stops: the source's hold, wake-ups and
+// sharing first, then the lanes and the claim loop; on the way out it
+// lets the queued events go and waits for the open batches' records.
 func (r *Relay) loop(ctx context.Context) {
 	if h, ok := r.src.(Holder); ok {
 		held, release := r.hold(ctx, h)
