@@ -37,6 +37,8 @@ type stream struct {
 	received   pglogrepl.LSN
 	confirmed  pglogrepl.LSN // the position last sent as flushed
 	statusAt   time.Time     // when a status was last sent
+	lastRecv   time.Time     // when the server last sent anything
+	drained    bool          // the reader ended in drain: the engine stopped
 
 	// clockOffset is the server's clock minus this host's (nanoseconds),
 	// from the send time of the server's last message: deliver-at times
@@ -66,6 +68,10 @@ type stream struct {
 	// The position of the last events done, for recordPositions.
 	toRecord   atomic.Uint64
 	recordWake chan struct{}
+
+	// What runs beside the reader (goAside) ends with the session.
+	aside    sync.WaitGroup
+	asideCtx context.Context
 }
 
 // item is one event read from the slot.
@@ -88,23 +94,73 @@ type item struct {
 	maybeSent bool
 }
 
-func (s *stream) run(ctx context.Context) (err error) {
-	o := s.r.opts
-	s.freed = make(chan struct{}, 1)
-	// Sweeps of the handed-off aggregates and the recording of positions
-	// run beside the reader and end with the session.
-	asideCtx, asideCancel := context.WithCancel(context.Background())
-	var aside sync.WaitGroup
-	defer func() { asideCancel(); aside.Wait() }()
-	s.recordWake = make(chan struct{}, 1)
-	aside.Add(1)
-	go func() {
-		defer aside.Done()
-		s.recordPositions(asideCtx)
-	}()
-	engine, err := core.New(s, s.r.pub, o.Options)
+// run reads the slot until ctx ends (then it drains), the server ends the
+// stream or the connection fails. Each turn it sends what the status
+// clock says is due, then either waits for an event to be done (the
+// in-flight bounds are reached) or handles what the server sent.
+func (s *stream) run(ctx context.Context) error {
+	stop, err := s.start()
 	if err != nil {
-		return fmt.Errorf("start engine: %w", err)
+		return err
+	}
+	defer stop()
+	clock := newStatusClock(s.r.opts.StatusInterval)
+	var recv deadline
+	defer recv.stop()
+	s.lastRecv = time.Now()
+	for {
+		if ctx.Err() != nil {
+			return s.drain()
+		}
+		select {
+		case <-s.stopping:
+			return fmt.Errorf("end the stream so the server can shut down: %w", s.stopCause)
+		default:
+		}
+		if err := s.keepTime(ctx, &clock); err != nil {
+			return s.end(err)
+		}
+		wake := s.wakeAt(clock)
+		if s.full() {
+			s.waitFreed(ctx, wake)
+			continue
+		}
+		// One deadline per wake time, not per message: at a steady rate
+		// a context and its timer for each of a transaction's messages
+		// were a tenth of the relay's CPU.
+		if err := s.receive(ctx, recv.until(ctx, wake)); err != nil {
+			return s.end(err)
+		}
+	}
+}
+
+// errDrain ends the reading with the connection still sound: ctx ended
+// while the reader waited on the server. The stream then drains.
+var errDrain = errors.New("stopped: drain the stream")
+
+// end ends the reading with err, draining first for errDrain.
+func (s *stream) end(err error) error {
+	if errors.Is(err, errDrain) {
+		return s.drain()
+	}
+	return err
+}
+
+// start starts what runs beside the reader for the session: the
+// recording of positions, the marker and the engine. stop ends them: the
+// engine at once unless the stream drained it, then the marker, then
+// what runs aside (sweeps of the handed-off aggregates too).
+func (s *stream) start() (stop func(), err error) {
+	s.freed = make(chan struct{}, 1)
+	s.recordWake = make(chan struct{}, 1)
+	var cancelAside context.CancelFunc
+	s.asideCtx, cancelAside = context.WithCancel(context.Background())
+	stopAside := func() { cancelAside(); s.aside.Wait() }
+	s.goAside(s.recordPositions)
+	engine, err := core.New(s, s.r.pub, s.r.opts.Options)
+	if err != nil {
+		stopAside()
+		return nil, fmt.Errorf("start engine: %w", err)
 	}
 	s.engine = engine
 	// The marker outlives the engine: a stopping engine still records what
@@ -119,11 +175,11 @@ func (s *stream) run(ctx context.Context) (err error) {
 	stopMarker := func() { mcancel(); <-marking }
 	if err := engine.Start(context.Background()); err != nil {
 		stopMarker()
-		return fmt.Errorf("start engine: %w", err)
+		stopAside()
+		return nil, fmt.Errorf("start engine: %w", err)
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
+	return func() {
+		if !s.drained {
 			// The session failed: what is in flight is dropped with it and
 			// read again by the next one; what the broker took is still
 			// recorded.
@@ -133,123 +189,146 @@ func (s *stream) run(ctx context.Context) (err error) {
 		}
 		stopMarker()
 		s.r.inFlight.Add(-s.events.Load())
-	}()
-	drain := func() error {
-		stopped = true
-		return s.drain()
-	}
+		stopAside()
+	}, nil
+}
 
-	confirmAfter := min(o.StatusInterval, confirmEvery)
-	var recv deadline
-	defer recv.stop()
-	lastRecv := time.Now()
-	nextStatus, nextConfirm := time.Now(), time.Now()
-	for {
-		if ctx.Err() != nil {
-			return drain()
+// goAside runs f beside the reader until the session ends.
+func (s *stream) goAside(f func(ctx context.Context)) {
+	s.aside.Add(1)
+	go func() {
+		defer s.aside.Done()
+		f(s.asideCtx)
+	}()
+}
+
+// statusClock is when the next status and the next confirmation are due.
+type statusClock struct {
+	status, confirm time.Time
+	confirmAfter    time.Duration
+}
+
+func newStatusClock(statusInterval time.Duration) statusClock {
+	now := time.Now()
+	return statusClock{status: now, confirm: now, confirmAfter: min(statusInterval, confirmEvery)}
+}
+
+// keepTime sends what the clock says is due: each status interval a
+// status asking for a reply (see status), and in between a confirmation
+// of a position that moved.
+func (s *stream) keepTime(ctx context.Context, c *statusClock) error {
+	now := time.Now()
+	switch {
+	case !now.Before(c.status):
+		if err := s.status(ctx); err != nil {
+			return err
 		}
-		select {
-		case <-s.stopping:
-			return fmt.Errorf("end the stream so the server can shut down: %w", s.stopCause)
-		default:
-		}
-		now := time.Now()
-		switch {
-		case !now.Before(nextStatus):
-			// The publication can change under a running relay: checked
-			// with each status, so it is noticed within one.
-			qctx, qcancel := context.WithTimeout(ctx, o.StatusInterval)
-			err := s.r.checkPublication(qctx)
-			qcancel()
-			if err != nil {
-				if ctx.Err() != nil {
-					return drain()
-				}
-				if errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) {
-					return err
-				}
-				if serverStopping(err) {
-					// Whatever the engine is doing (a broker outage, a
-					// hand-off), a server shutting down waits for this
-					// stream: ended here, within a status interval.
-					return fmt.Errorf("end the stream so the server can shut down: %w", err)
-				}
-				s.r.log.Warn("log relay: check publication failed", "error", err)
-			}
-			if err := s.sendStatus(true); err != nil {
+		c.status, c.confirm = now.Add(s.r.opts.StatusInterval), now.Add(c.confirmAfter)
+	case !now.Before(c.confirm):
+		if s.unconfirmed() {
+			if err := s.sendStatus(false); err != nil {
 				return err
 			}
-			if s.sweepDue() {
-				aside.Add(1)
-				go func() {
-					defer aside.Done()
-					s.sweepHandedOff(asideCtx)
-				}()
-			}
-			nextStatus, nextConfirm = now.Add(o.StatusInterval), now.Add(confirmAfter)
-		case !now.Before(nextConfirm):
-			if pos, _ := s.tracker.position(); pos > s.confirmed {
-				if err := s.sendStatus(false); err != nil {
-					return err
-				}
-			}
-			nextConfirm = now.Add(confirmAfter)
 		}
-		// A position moves only while events are in flight (finish marks
-		// the tracker before the count drops, so the count is read
-		// first): an idle reader sleeps until the next status, not
-		// every confirmEvery, and whatever it reads wakes it.
-		wake := nextStatus
-		if nextConfirm.Before(wake) && (s.events.Load() > 0 || s.unconfirmed()) {
-			wake = nextConfirm
-		}
-		if s.full() {
-			// Back-pressure: read nothing until an event is done; keep
-			// confirming so the server keeps the connection.
-			t := time.NewTimer(time.Until(wake))
-			select {
-			case <-s.freed:
-			case <-t.C:
-			case <-s.stopping:
-			case <-ctx.Done():
-			}
-			t.Stop()
-			// lastRecv stays: reading resumes with what the server
-			// sent meanwhile (the replies to these statuses at least),
-			// so a live connection answers at once and a dead one is
-			// noticed at the first receive.
-			continue
-		}
-		// One deadline per wake time, not per message: at a steady rate
-		// a context and its timer for each of a transaction's messages
-		// were a tenth of the relay's CPU.
-		msg, err := s.conn.ReceiveMessage(recv.until(ctx, wake))
-		if err != nil {
-			if ctx.Err() != nil {
-				// Stopped while waiting for the server: the connection
-				// is still good (only the wait was cut short).
-				return drain()
-			}
-			if pgconn.Timeout(err) {
-				if since := time.Since(lastRecv); since > o.ReceiveTimeout {
-					return fmt.Errorf("no message from the server for %s (limit %s): connection presumed dead", since.Round(time.Millisecond), o.ReceiveTimeout)
-				}
-				continue
-			}
-			return fmt.Errorf("receive from slot %s: %w", o.Slot.Name, err)
-		}
-		lastRecv = time.Now()
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if err := s.handle(ctx, msg.Data); err != nil {
-				return err
-			}
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("slot %s: %w", o.Slot.Name, pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyDone:
-			return fmt.Errorf("slot %s: the server ended the stream", o.Slot.Name)
-		}
+		c.confirm = now.Add(c.confirmAfter)
 	}
+	return nil
+}
+
+// status is the work of each status interval: a check of the
+// publication, a status asking for a reply, and a sweep of the handed-off
+// aggregates when one is due.
+func (s *stream) status(ctx context.Context) error {
+	// The publication can change under a running relay: checked with
+	// each status, so it is noticed within one.
+	qctx, qcancel := context.WithTimeout(ctx, s.r.opts.StatusInterval)
+	err := s.r.checkPublication(qctx)
+	qcancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return errDrain
+		}
+		if errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) {
+			return err
+		}
+		if serverStopping(err) {
+			// Whatever the engine is doing (a broker outage, a hand-off),
+			// a server shutting down waits for this stream: ended here,
+			// within a status interval.
+			return fmt.Errorf("end the stream so the server can shut down: %w", err)
+		}
+		s.r.log.Warn("log relay: check publication failed", "error", err)
+	}
+	if err := s.sendStatus(true); err != nil {
+		return err
+	}
+	if s.sweepDue() {
+		s.goAside(s.sweepHandedOff)
+	}
+	return nil
+}
+
+// wakeAt is when the reader stops waiting for the server: at the next
+// status, or at the next confirmation while a position can move.
+func (s *stream) wakeAt(c statusClock) time.Time {
+	// A position moves only while events are in flight (finish marks the
+	// tracker before the count drops, so the count is read first): an
+	// idle reader sleeps until the next status, not every confirmEvery,
+	// and whatever it reads wakes it.
+	wake := c.status
+	if c.confirm.Before(wake) && (s.events.Load() > 0 || s.unconfirmed()) {
+		wake = c.confirm
+	}
+	return wake
+}
+
+// waitFreed is the back-pressure: it reads nothing until an event is done
+// or wake, when the clock keeps confirming so the server keeps the
+// connection.
+func (s *stream) waitFreed(ctx context.Context, wake time.Time) {
+	t := time.NewTimer(time.Until(wake))
+	defer t.Stop()
+	select {
+	case <-s.freed:
+	case <-t.C:
+	case <-s.stopping:
+	case <-ctx.Done():
+	}
+	// lastRecv stays: reading resumes with what the server sent meanwhile
+	// (the replies to these statuses at least), so a live connection
+	// answers at once and a dead one is noticed at the first receive.
+}
+
+// receive handles the next message from the server, waiting for it until
+// rctx ends (the wake time): a wait that ends is no error unless nothing
+// came for ReceiveTimeout, when the connection is presumed dead.
+func (s *stream) receive(ctx, rctx context.Context) error {
+	o := s.r.opts
+	msg, err := s.conn.ReceiveMessage(rctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped while waiting for the server: the connection is
+			// still good (only the wait was cut short).
+			return errDrain
+		}
+		if pgconn.Timeout(err) {
+			if since := time.Since(s.lastRecv); since > o.ReceiveTimeout {
+				return fmt.Errorf("no message from the server for %s (limit %s): connection presumed dead", since.Round(time.Millisecond), o.ReceiveTimeout)
+			}
+			return nil
+		}
+		return fmt.Errorf("receive from slot %s: %w", o.Slot.Name, err)
+	}
+	s.lastRecv = time.Now()
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		return s.handle(ctx, msg.Data)
+	case *pgproto3.ErrorResponse:
+		return fmt.Errorf("slot %s: %w", o.Slot.Name, pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return fmt.Errorf("slot %s: the server ended the stream", o.Slot.Name)
+	}
+	return nil
 }
 
 // confirmEvery is how soon a position that moved is confirmed, not only at
@@ -277,6 +356,7 @@ func (s *stream) full() bool {
 // sends none for wal_sender_timeout, and a confirmation sent after that is
 // lost.
 func (s *stream) drain() error {
+	s.drained = true
 	o := s.r.opts
 	stopped := make(chan struct{})
 	go func() {
