@@ -104,11 +104,34 @@ func (r *Relay) Ready(staleAfter time.Duration) []core.Check {
 // wal_level, the role's missing REPLICATION attribute, a missing slot
 // with ManualSlot, a slot of the name that decodes another database.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := Check(ctx, r.pool); err != nil {
+	if err := r.prepare(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return fmt.Errorf("log relay: %w", err)
+	}
+	var st sessions
+	for ctx.Err() == nil {
+		streamed, err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait, err := r.afterSession(ctx, &st, streamed, err)
+		if err != nil {
+			return err
+		}
+		if wait > 0 && !sleep(ctx, wait) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// prepare checks the server and the role, fills in the default slot
+// name and warns of failover settings that would lose the slot.
+func (r *Relay) prepare(ctx context.Context) error {
+	if err := Check(ctx, r.pool); err != nil {
+		return err
 	}
 	// The default slot name depends on the database; it is read once,
 	// before any session uses it. The statements name the slot too (a
@@ -117,14 +140,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.opts.Slot.Name == "" {
 		slot, err := r.opts.Slot.Resolve(ctx, r.pool, r.opts.Store)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("log relay: %w", err)
+			return err
 		}
 		r.opts.Slot = slot
 		if r.sql, err = newStatements(r.opts.Store, r.opts.Slot); err != nil {
-			return fmt.Errorf("log relay: %w", err)
+			return err
 		}
 	}
 	if warnings, err := FailoverWarnings(ctx, r.pool); err != nil {
@@ -134,65 +154,76 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Warn("log relay: a failover would lose the slot or events", "slot", r.opts.Slot.Name, "reason", w)
 		}
 	}
-	failures, standing, created := 0, false, false
-	for ctx.Err() == nil {
-		streamed, err := r.session(ctx)
-		if ctx.Err() != nil {
-			return nil
+	return nil
+}
+
+// sessions is what Run keeps from one session to the next.
+type sessions struct {
+	failures int  // sessions failed in a row
+	standing bool // standing by, the slot held by another relay (logged once)
+	created  bool // the slot was created, or found, since a session last streamed
+}
+
+// afterSession says what follows a session that ended with err (streamed:
+// it held the slot): the wait before the next one, none after creating
+// the missing slot, or the error that ends Run, for what retrying cannot
+// fix.
+func (r *Relay) afterSession(ctx context.Context, st *sessions, streamed bool, err error) (time.Duration, error) {
+	if streamed {
+		*st = sessions{}
+	}
+	if err == nil || errors.Is(err, ErrSlotBusy) {
+		r.failure.Store(nil)
+	} else {
+		msg := err.Error()
+		r.failure.Store(&msg)
+	}
+	switch {
+	case errors.Is(err, ErrSlotBusy):
+		if !st.standing {
+			r.log.Info("slot held by another relay; standing by", "slot", r.opts.Slot.Name, "detail", err)
+			st.standing = true
 		}
-		if streamed {
-			failures, standing, created = 0, false, false
+		r.progress.Store(time.Now().UnixNano())
+		st.failures = 0
+		return r.opts.StandbyInterval, nil
+	case errors.Is(err, ErrSlotOfOtherDatabase):
+		return 0, fmt.Errorf("log relay: %w", err)
+	case errors.Is(err, ErrNoSlot) && st.created:
+		// Created (or found) and still missing: never loop on it.
+		return 0, fmt.Errorf("log relay: slot %s is missing right after it was created: %w", r.opts.Slot.Name, err)
+	case errors.Is(err, ErrNoSlot) && !r.opts.ManualSlot:
+		st.created = true
+		if err = r.createSlot(ctx); err == nil {
+			return 0, nil
 		}
-		if err == nil || errors.Is(err, ErrSlotBusy) {
-			r.failure.Store(nil)
-		} else {
-			msg := err.Error()
-			r.failure.Store(&msg)
-		}
-		wait := r.opts.StandbyInterval
-		switch {
-		case errors.Is(err, ErrSlotBusy):
-			if !standing {
-				r.log.Info("slot held by another relay; standing by", "slot", r.opts.Slot.Name, "detail", err)
-				standing = true
-			}
-			r.progress.Store(time.Now().UnixNano())
-			failures = 0
-		case errors.Is(err, ErrSlotOfOtherDatabase):
-			return fmt.Errorf("log relay: %w", err)
-		case errors.Is(err, ErrNoSlot) && created:
-			// Created (or found) and still missing: never loop on it.
-			return fmt.Errorf("log relay: slot %s is missing right after it was created: %w", r.opts.Slot.Name, err)
-		case errors.Is(err, ErrNoSlot) && !r.opts.ManualSlot:
-			created = true
-			c, cerr := CreateSlot(ctx, r.pool, r.opts.Store, r.opts.Slot)
-			if cerr == nil {
-				r.log.Info("slot created", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication,
-					"publication_created", c.Publication, "rows_handed_to_table", c.HandedOff)
-				if c.HandedOff > 0 && r.opts.HandedOff != nil {
-					r.opts.HandedOff()
-				}
-				continue
-			}
-			err = cerr
-			fallthrough
-		default:
-			if errors.Is(err, ErrNoSlot) {
-				return fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
-			}
-			if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) || errors.Is(err, ErrMixedModes) {
-				r.obs.Errored("replication", err)
-				r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
-				return fmt.Errorf("log relay: %w", err)
-			}
-			failures++
-			wait = r.opts.ErrorBackoff.Delay(failures - 1)
-			r.obs.Errored("replication", err)
-			r.log.Error("log relay stream failed", "error", err, "retry_in", wait, "failures", failures)
-		}
-		if !sleep(ctx, wait) {
-			return nil
-		}
+	}
+	if errors.Is(err, ErrNoSlot) {
+		return 0, fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
+	}
+	if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) || errors.Is(err, ErrMixedModes) {
+		r.obs.Errored("replication", err)
+		r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
+		return 0, fmt.Errorf("log relay: %w", err)
+	}
+	st.failures++
+	wait := r.opts.ErrorBackoff.Delay(st.failures - 1)
+	r.obs.Errored("replication", err)
+	r.log.Error("log relay stream failed", "error", err, "retry_in", wait, "failures", st.failures)
+	return wait, nil
+}
+
+// createSlot creates the missing slot (see CreateSlot) and wakes the
+// table path when it handed rows off.
+func (r *Relay) createSlot(ctx context.Context) error {
+	c, err := CreateSlot(ctx, r.pool, r.opts.Store, r.opts.Slot)
+	if err != nil {
+		return err
+	}
+	r.log.Info("slot created", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication,
+		"publication_created", c.Publication, "rows_handed_to_table", c.HandedOff)
+	if c.HandedOff > 0 && r.opts.HandedOff != nil {
+		r.opts.HandedOff()
 	}
 	return nil
 }
@@ -200,17 +231,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // session reads the slot over one replication connection until the
 // connection fails or ctx is done. streamed says it held the slot.
 func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
-	// The decoding reads values as text: in the formats it parses,
-	// whatever the role's or database's settings.
-	params := map[string]string{"application_name": r.opts.ApplicationName, "bytea_output": "hex", "DateStyle": "ISO"}
-	if r.opts.WALSenderTimeout > 0 {
-		params["wal_sender_timeout"] = fmt.Sprintf("%dms", r.opts.WALSenderTimeout.Milliseconds())
-	}
 	// Bounded: a server behind a cut network would keep the connect or
 	// the first queries waiting forever.
 	sctx, cancel := context.WithTimeout(ctx, r.opts.ReceiveTimeout)
 	defer cancel()
-	conn, err := replicationConn(sctx, r.pool, params, r.opts.ReceiveTimeout)
+	conn, err := r.connect(sctx)
 	if err != nil {
 		return false, err
 	}
@@ -219,21 +244,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	start, err := r.slotPosition(sctx)
+	start, err := r.startPosition(sctx)
 	if err != nil {
 		return false, err
-	}
-	// After a crash of the server its slot can be behind what the relay
-	// confirmed: it resumes from the later position, and the server skips
-	// the transactions committed before it.
-	if rec, err := r.sql.Position(sctx, r.pool, r.opts.Slot.Name); err != nil {
-		return false, err
-	} else if rec != "" {
-		lsn, err := pglogrepl.ParseLSN(rec)
-		if err != nil {
-			return false, fmt.Errorf("read position of slot %s: %w", r.opts.Slot.Name, err)
-		}
-		start = max(start, lsn)
 	}
 	if err := r.checkPublication(sctx); err != nil {
 		return false, err
@@ -242,48 +255,12 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err := lockLogMode(sctx, conn, r.opts.Store); err != nil {
 		return false, err
 	}
-	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{},
-		stopping: make(chan struct{}), sweepAt: minSweep}
-	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
-	err = pglogrepl.StartReplication(sctx, conn, r.opts.Slot.Name, start, pglogrepl.StartReplicationOptions{
-		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'", "messages 'true'"},
-	})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			switch pgErr.Code {
-			case "55006": // object_in_use
-				return false, fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
-			case "42704": // undefined_object
-				return false, fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
-			case "55000": // object_not_in_prerequisite_state
-				if strings.Contains(pgErr.Message, "can no longer get changes") {
-					return false, fmt.Errorf("%w: slot %s: %s (%s); recreate it with `outbox slot drop` and `outbox slot create`",
-						ErrSlotLost, r.opts.Slot.Name, pgErr.Message, pgErr.Detail)
-				}
-			}
-		}
-		return false, fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
-	}
-	// Taken once the slot is this session's: whoever read it before is
-	// gone, having read no further.
-	var horizon string
-	if err := r.pool.QueryRow(sctx, "SELECT pg_current_wal_lsn()::text").Scan(&horizon); err != nil {
-		return false, fmt.Errorf("read the server's WAL position: %w", err)
-	}
-	if s.horizon, err = pglogrepl.ParseLSN(horizon); err != nil {
-		return false, fmt.Errorf("read the server's WAL position: %w", err)
-	}
-	// Listed only once the slot is this session's (see asHolder): a
-	// relay that held it before can have handed off events until then.
-	if s.handedOff, err = r.loadHandedOff(sctx); err != nil {
+	if err := r.startReplication(sctx, conn, start); err != nil {
 		return false, err
 	}
-	// Held by this session, the slot is the outbox's: recorded for the
-	// log-only write function (a slot made before the record existed).
-	if err := r.sql.RecordSlot(sctx, r.pool, r.opts.Slot.Name, r.opts.Slot.Publication); err != nil {
-		r.log.Warn("log relay: the slot is not recorded, so log-only writes are refused until `outbox slot create` records it", "slot", r.opts.Slot.Name, "error", err)
+	s, err := r.newStream(sctx, conn, start)
+	if err != nil {
+		return false, err
 	}
 	cancel()
 	// Readiness tells the present: this session streams, so the failure
@@ -292,11 +269,99 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.advanced.Store(time.Now().UnixNano())
 	r.holding.Store(true)
 	defer r.holding.Store(false)
-	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	r.log.Info("reading slot", "slot", r.opts.Slot.Name, "from", start.String(), "handed_off_aggregates", len(s.handedOff))
 	r.current.Store(s)
 	defer r.current.Store(nil)
 	return true, s.run(ctx)
+}
+
+// connect opens the session's replication connection.
+func (r *Relay) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	// The decoding reads values as text: in the formats it parses,
+	// whatever the role's or database's settings.
+	params := map[string]string{"application_name": r.opts.ApplicationName, "bytea_output": "hex", "DateStyle": "ISO"}
+	if r.opts.WALSenderTimeout > 0 {
+		params["wal_sender_timeout"] = fmt.Sprintf("%dms", r.opts.WALSenderTimeout.Milliseconds())
+	}
+	return replicationConn(ctx, r.pool, params, r.opts.ReceiveTimeout)
+}
+
+// startPosition is where the session's stream starts: the slot's
+// confirmed position or, when later, the position the relay recorded.
+func (r *Relay) startPosition(ctx context.Context) (pglogrepl.LSN, error) {
+	start, err := r.slotPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// After a crash of the server its slot can be behind what the relay
+	// confirmed: it resumes from the later position, and the server skips
+	// the transactions committed before it.
+	rec, err := r.sql.Position(ctx, r.pool, r.opts.Slot.Name)
+	if err != nil || rec == "" {
+		return start, err
+	}
+	lsn, err := pglogrepl.ParseLSN(rec)
+	if err != nil {
+		return 0, fmt.Errorf("read position of slot %s: %w", r.opts.Slot.Name, err)
+	}
+	return max(start, lsn), nil
+}
+
+// startReplication starts the slot's stream from start, over the
+// publication, with the messages of pg_logical_emit_message.
+func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn, start pglogrepl.LSN) error {
+	pub := strings.ReplaceAll(pgx.Identifier{r.opts.Slot.Publication}.Sanitize(), "'", "''")
+	err := pglogrepl.StartReplication(ctx, conn, r.opts.Slot.Name, start, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'", "messages 'true'"},
+	})
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "55006": // object_in_use
+			return fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
+		case "42704": // undefined_object
+			return fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+		case "55000": // object_not_in_prerequisite_state
+			if strings.Contains(pgErr.Message, "can no longer get changes") {
+				return fmt.Errorf("%w: slot %s: %s (%s); recreate it with `outbox slot drop` and `outbox slot create`",
+					ErrSlotLost, r.opts.Slot.Name, pgErr.Message, pgErr.Detail)
+			}
+		}
+	}
+	return fmt.Errorf("start replication from slot %s: %w", r.opts.Slot.Name, err)
+}
+
+// newStream is the session's stream, from start, once the slot is its
+// own.
+func (r *Relay) newStream(ctx context.Context, conn *pgconn.PgConn, start pglogrepl.LSN) (*stream, error) {
+	s := &stream{r: r, conn: conn, tracker: newTracker(start), relations: map[uint32]*pglogrepl.RelationMessage{},
+		stopping: make(chan struct{})}
+	// Taken once the slot is this session's: whoever read it before is
+	// gone, having read no further.
+	var horizon string
+	if err := r.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&horizon); err != nil {
+		return nil, fmt.Errorf("read the server's WAL position: %w", err)
+	}
+	var err error
+	if s.horizon, err = pglogrepl.ParseLSN(horizon); err != nil {
+		return nil, fmt.Errorf("read the server's WAL position: %w", err)
+	}
+	// Listed only once the slot is this session's (see asHolder): a
+	// relay that held it before can have handed off events until then.
+	if s.handedOff, err = r.loadHandedOff(ctx); err != nil {
+		return nil, err
+	}
+	s.sweepAt = max(minSweep, 2*len(s.handedOff))
+	// Held by this session, the slot is the outbox's: recorded for the
+	// log-only write function (a slot made before the record existed).
+	if err := r.sql.RecordSlot(ctx, r.pool, r.opts.Slot.Name, r.opts.Slot.Publication); err != nil {
+		r.log.Warn("log relay: the slot is not recorded, so log-only writes are refused until `outbox slot create` records it", "slot", r.opts.Slot.Name, "error", err)
+	}
+	return s, nil
 }
 
 // slotPosition reads the slot's confirmed position, where its stream
