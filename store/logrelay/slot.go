@@ -549,9 +549,11 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) 
 		return SlotStatus{}, err
 	}
 	st := SlotStatus{Slot: s.Name, Publication: s.Publication}
-	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int >= 170000").Scan(&st.FailoverCapable); err != nil {
+	version, err := serverVersion(ctx, pool)
+	if err != nil {
 		return st, fmt.Errorf("inspect slot %s: %w", s.Name, err)
 	}
+	st.FailoverCapable = version >= failoverVersion
 	var pid *int32
 	var confirmed, restart, walStatus, db, reason *string
 	var lag, retained, safe *int64
