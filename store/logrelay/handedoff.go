@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outboxhq/outbox/store"
 )
 
 // handOffNote is an aggregate known to have been handed off.
@@ -40,7 +38,7 @@ func (r *Relay) loadHandedOff(ctx context.Context) (map[string]handOffNote, erro
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lockKey(r.opts.Slot)); err != nil {
 			return err
 		}
-		aggs, err := r.sql.HandedOffAggregates(ctx, tx)
+		aggs, err := r.sql.handedOffAggregates(ctx, tx)
 		for _, a := range aggs {
 			out[a] = handOffNote{}
 		}
@@ -66,7 +64,7 @@ func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 			return false, err
 		}
 	}
-	pending, err := s.r.sql.AggregateHandedOff(ctx, s.r.pool, agg)
+	pending, err := s.r.sql.aggregateHandedOff(ctx, s.r.pool, agg)
 	if err != nil {
 		return false, err
 	}
@@ -88,7 +86,7 @@ func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 // before every event committed after the command, so none of them can go
 // out ahead of the rows it handed off.
 func (s *stream) noteHandOff(m *pglogrepl.LogicalDecodingMessage) {
-	aggs, err := store.ParseHandOff(m.Content)
+	aggs, err := parseHandOff(m.Content)
 	if err != nil {
 		s.r.log.Error("log relay: unreadable hand-off notice ignored; the aggregates it names may see new events go out ahead of their handed-off rows",
 			"lsn", m.LSN.String(), "error", err)
@@ -147,7 +145,7 @@ func (s *stream) sweepHandedOff(ctx context.Context) {
 	visible, err := s.r.sql.visible(ctx, s.r.pool, xids)
 	var aggs []string
 	if err == nil {
-		aggs, err = s.r.sql.HandedOffAggregates(ctx, s.r.pool)
+		aggs, err = s.r.sql.handedOffAggregates(ctx, s.r.pool)
 	}
 	if err != nil {
 		if ctx.Err() == nil {

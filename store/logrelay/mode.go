@@ -107,7 +107,7 @@ func (l *TableModeLock) Release() {
 // its lock on cfg's outbox. conn may be a replication connection: only
 // the simple protocol is used.
 func otherModeFree(ctx context.Context, conn *pgconn.PgConn, cfg store.Config, other string) error {
-	key := literal(modeLock(cfg, other))
+	key := store.Literal(modeLock(cfg, other))
 	res, err := conn.Exec(ctx, "SELECT pg_try_advisory_lock(hashtextextended("+key+", 0))").ReadAll()
 	if err != nil {
 		return fmt.Errorf("check for %s-mode relays: %w", other, err)
@@ -131,7 +131,7 @@ func otherModeFree(ctx context.Context, conn *pgconn.PgConn, cfg store.Config, o
 // (it goes with its walsender), and fails with ErrMixedModes while a
 // table-mode relay runs.
 func lockLogMode(ctx context.Context, conn *pgconn.PgConn, cfg store.Config) error {
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared(hashtextextended("+literal(modeLock(cfg, "log"))+", 0))").ReadAll(); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared(hashtextextended("+store.Literal(modeLock(cfg, "log"))+", 0))").ReadAll(); err != nil {
 		return fmt.Errorf("take log-mode lock: %w", err)
 	}
 	return otherModeFree(ctx, conn, cfg, "table")

@@ -296,7 +296,7 @@ func (r *Relay) startPosition(ctx context.Context) (pglogrepl.LSN, error) {
 	// After a crash of the server its slot can be behind what the relay
 	// confirmed: it resumes from the later position, and the server skips
 	// the transactions committed before it.
-	rec, err := r.sql.Position(ctx, r.pool, r.opts.Slot.Name)
+	rec, err := r.sql.position(ctx, r.pool, r.opts.Slot.Name)
 	if err != nil || rec == "" {
 		return start, err
 	}
@@ -358,7 +358,7 @@ func (r *Relay) newStream(ctx context.Context, conn *pgconn.PgConn, start pglogr
 	s.sweepAt = max(minSweep, 2*len(s.handedOff))
 	// Held by this session, the slot is the outbox's: recorded for the
 	// log-only write function (a slot made before the record existed).
-	if err := r.sql.RecordSlot(ctx, r.pool, r.opts.Slot.Name, r.opts.Slot.Publication); err != nil {
+	if err := r.sql.recordSlot(ctx, r.pool, r.opts.Slot.Name, r.opts.Slot.Publication); err != nil {
 		r.log.Warn("log relay: the slot is not recorded, so log-only writes are refused until `outbox slot create` records it", "slot", r.opts.Slot.Name, "error", err)
 	}
 	return s, nil

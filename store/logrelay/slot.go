@@ -284,7 +284,7 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	if err := Check(ctx, pool); err != nil {
 		return c, err
 	}
-	lt, err := store.NewLogTable(cfg)
+	lt, err := newLogTable(cfg)
 	if err != nil {
 		return c, err
 	}
@@ -317,12 +317,12 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	}
 	// Only now may log-only events be written: the permanent slot reads
 	// every transaction that commits after this.
-	return made, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
+	return made, lt.recordSlot(ctx, pool, s.Name, s.Publication)
 }
 
 // keepSlot checks the slot st that exists already, makes it a failover
 // slot where it can, and records it.
-func keepSlot(ctx context.Context, pool *pgxpool.Pool, lt *store.LogTable, s Slot, st SlotStatus) error {
+func keepSlot(ctx context.Context, pool *pgxpool.Pool, lt *logTable, s Slot, st SlotStatus) error {
 	if !st.InThisDatabase {
 		return fmt.Errorf("create slot: %w", otherDatabase(s.Name, st.Database))
 	}
@@ -339,7 +339,7 @@ func keepSlot(ctx context.Context, pool *pgxpool.Pool, lt *store.LogTable, s Slo
 		}
 	}
 	// Recorded again: a slot made before the record existed.
-	return lt.RecordSlot(ctx, pool, s.Name, s.Publication)
+	return lt.recordSlot(ctx, pool, s.Name, s.Publication)
 }
 
 // lockSlotCreation takes the slot's advisory lock on a pooled connection,
@@ -367,7 +367,7 @@ func lockSlotCreation(ctx context.Context, pool *pgxpool.Pool, s Slot) (unlock f
 // slot made first would strand those rows if the process died before
 // handing them over. Slot is false when another relay made the slot
 // meanwhile.
-func createViaTemporary(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, lt *store.LogTable, s Slot) (Created, error) {
+func createViaTemporary(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, lt *logTable, s Slot) (Created, error) {
 	repl, err := replicationConn(ctx, pool, nil, 0)
 	if err != nil {
 		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
@@ -381,7 +381,7 @@ func createViaTemporary(ctx context.Context, pool *pgxpool.Pool, cfg store.Confi
 	// A record of a slot of this name that does not exist (dropped by
 	// other means, or copied with the table from another cluster) carries
 	// another slot's position: it goes before this slot is made.
-	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
+	if err := lt.forgetSlot(ctx, pool, s.Name); err != nil {
 		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	tmp := fmt.Sprintf("outbox_creating_%d", repl.PID())
@@ -410,7 +410,7 @@ func createViaTemporary(ctx context.Context, pool *pgxpool.Pool, cfg store.Confi
 // handOffBefore hands to the table path the pending rows that the
 // snapshot, exported by the slot being made, sees: committed before the
 // slot's consistent point, the slot's stream will never carry them.
-func handOffBefore(ctx context.Context, pool *pgxpool.Pool, lt *store.LogTable, snapshot string) (int64, error) {
+func handOffBefore(ctx context.Context, pool *pgxpool.Pool, lt *logTable, snapshot string) (int64, error) {
 	// The exported snapshot lives while the replication connection stays
 	// idle: read the rows it sees, then let it go.
 	var seqs []int64
@@ -419,12 +419,12 @@ func handOffBefore(ctx context.Context, pool *pgxpool.Pool, lt *store.LogTable, 
 			return fmt.Errorf("import the slot's snapshot: %w", err)
 		}
 		var err error
-		seqs, err = lt.Unhanded(ctx, tx)
+		seqs, err = lt.unhanded(ctx, tx)
 		return err
 	})
 	var n int64
 	if err == nil && len(seqs) > 0 {
-		n, err = lt.HandOffUnhanded(ctx, pool, seqs)
+		n, err = lt.handOffUnhanded(ctx, pool, seqs)
 	}
 	if err == nil && testHookHandedOff != nil {
 		err = testHookHandedOff()
@@ -478,11 +478,11 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot)
 			return err
 		}
 	}
-	lt, err := store.NewLogTable(cfg)
+	lt, err := newLogTable(cfg)
 	if err != nil {
 		return err
 	}
-	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
+	if err := lt.forgetSlot(ctx, pool, s.Name); err != nil {
 		return fmt.Errorf("drop slot: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.Publication}.Sanitize()); err != nil {

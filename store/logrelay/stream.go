@@ -498,7 +498,7 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 			s.dispatch(ctx, it)
 		}
 	case *pglogrepl.LogicalDecodingMessage:
-		if m.Prefix == s.r.sql.HandOffPrefix() {
+		if m.Prefix == s.r.sql.handOffPrefix {
 			s.noteHandOff(m)
 			return nil
 		}
@@ -540,7 +540,7 @@ func (s *stream) recordPositions(ctx context.Context) {
 		if lsn <= recorded {
 			continue
 		}
-		err := s.r.sql.RecordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
+		err := s.r.sql.recordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -561,7 +561,7 @@ func (s *stream) recordLast() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if lsn := s.toRecord.Load(); lsn > 0 {
-		_ = s.r.sql.RecordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
+		_ = s.r.sql.recordPosition(ctx, s.r.pool, s.r.opts.Slot.Name, pglogrepl.LSN(lsn).String())
 	}
 }
 
