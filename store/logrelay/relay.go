@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store"
 )
 
 // Relay publishes the events of a replication slot. Run it in each
@@ -201,7 +202,7 @@ func (r *Relay) afterSession(ctx context.Context, st *sessions, streamed bool, e
 	if errors.Is(err, ErrNoSlot) {
 		return 0, fmt.Errorf("log relay: %w (create it with `outbox slot create`)", err)
 	}
-	if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) || errors.Is(err, ErrMixedModes) {
+	if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrNotPublished) || errors.Is(err, ErrPublicationFiltered) || errors.Is(err, store.ErrMixedModes) {
 		r.obs.Errored("replication", err)
 		r.log.Error("log relay stopped: retrying cannot fix this", "slot", r.opts.Slot.Name, "publication", r.opts.Slot.Publication, "error", err)
 		return 0, fmt.Errorf("log relay: %w", err)

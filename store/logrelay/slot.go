@@ -375,7 +375,7 @@ func createViaTemporary(ctx context.Context, pool *pgxpool.Pool, cfg store.Confi
 	defer repl.Close(context.WithoutCancel(ctx))
 	// The rows handed off below would be published by table-mode
 	// relays too.
-	if err := otherModeFree(ctx, repl, cfg, "table"); err != nil {
+	if err := store.OtherModeFree(ctx, repl, cfg, "table"); err != nil {
 		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	// A record of a slot of this name that does not exist (dropped by
