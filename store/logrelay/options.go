@@ -1,7 +1,6 @@
 package logrelay
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -65,8 +64,12 @@ type Options struct {
 	HandedOff func()
 }
 
+// optionsName names the log relay's options in their errors.
+const optionsName = "log relay options"
+
 // WithDefaults returns o with every unset field at its default, or an
-// error naming the first field out of range.
+// error naming the first field out of range: a *core.OptionError for a
+// field of its own out of range.
 func (o Options) WithDefaults() (Options, error) {
 	var err error
 	if o.Store, err = o.Store.WithDefaults(); err != nil {
@@ -78,26 +81,22 @@ func (o Options) WithDefaults() (Options, error) {
 	if o.Slot, err = o.Slot.WithDefaults(o.Store); err != nil {
 		return o, fmt.Errorf("log relay options: %w", err)
 	}
-	if o.Unordered {
-		return o, errors.New("log relay options: Unordered is invalid, want false: the log relay keeps each aggregate's order")
+	if err := core.CheckOptions(optionsName, core.OptionCheck{Field: "Unordered",
+		Want: "false: the log relay keeps each aggregate's order", Bad: o.Unordered}); err != nil {
+		return o, err
 	}
 	if o.Options, err = o.Options.WithDefaults(); err != nil {
 		return o, fmt.Errorf("log relay options: %w", err)
 	}
-	checks := []struct {
-		name, want string
-		bad        bool
-	}{
-		{"MaxInFlight", "not negative", o.MaxInFlight < 0},
-		{"MaxInFlightBytes", "not negative", o.MaxInFlightBytes < 0},
-		{"StandbyInterval", "not negative", o.StandbyInterval < 0},
-		{"StatusInterval", "not negative", o.StatusInterval < 0},
-		{"ReceiveTimeout", "not negative", o.ReceiveTimeout < 0},
-	}
-	for _, c := range checks {
-		if c.bad {
-			return o, fmt.Errorf("log relay options: %s is invalid, want %s", c.name, c.want)
-		}
+	err = core.CheckOptions(optionsName,
+		core.OptionCheck{Field: "MaxInFlight", Want: "not negative", Bad: o.MaxInFlight < 0},
+		core.OptionCheck{Field: "MaxInFlightBytes", Want: "not negative", Bad: o.MaxInFlightBytes < 0},
+		core.OptionCheck{Field: "StandbyInterval", Want: "not negative", Bad: o.StandbyInterval < 0},
+		core.OptionCheck{Field: "StatusInterval", Want: "not negative", Bad: o.StatusInterval < 0},
+		core.OptionCheck{Field: "ReceiveTimeout", Want: "not negative", Bad: o.ReceiveTimeout < 0},
+	)
+	if err != nil {
+		return o, err
 	}
 	def := func(v *int, d int) {
 		if *v == 0 {
