@@ -82,7 +82,7 @@ func (s *stream) isHandedOff(ctx context.Context, agg string) (bool, error) {
 }
 
 // noteHandOff records the aggregates a replay, retry or unpark handed off
-// (store.LogTable.HandOffPrefix). Read in commit order, the notice comes
+// (logTable.handOffPrefix). Read in commit order, the notice comes
 // before every event committed after the command, so none of them can go
 // out ahead of the rows it handed off.
 func (s *stream) noteHandOff(m *pglogrepl.LogicalDecodingMessage) {

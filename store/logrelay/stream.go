@@ -437,7 +437,8 @@ func (s *stream) sendStatus(reply bool) error {
 	return nil
 }
 
-// handle decodes one message of the replication stream.
+// handle decodes one message of the replication stream: a keepalive, or
+// WAL data carrying a pgoutput message.
 func (s *stream) handle(ctx context.Context, data []byte) error {
 	if len(data) == 0 {
 		return nil
@@ -455,22 +456,25 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		if k.ReplyRequested {
 			return s.sendStatus(false)
 		}
-		return nil
 	case pglogrepl.XLogDataByteID:
-	default:
-		return nil
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse WAL data: %w", err)
+		}
+		s.serverClock(x.ServerTime)
+		s.received = max(s.received, x.WALStart+pglogrepl.LSN(len(x.WALData)))
+		m, err := pglogrepl.Parse(x.WALData)
+		if err != nil {
+			return fmt.Errorf("decode pgoutput message: %w", err)
+		}
+		return s.apply(ctx, m, x.WALStart)
 	}
-	x, err := pglogrepl.ParseXLogData(data[1:])
-	if err != nil {
-		return fmt.Errorf("parse WAL data: %w", err)
-	}
-	s.serverClock(x.ServerTime)
-	s.received = max(s.received, x.WALStart+pglogrepl.LSN(len(x.WALData)))
-	m, err := pglogrepl.Parse(x.WALData)
-	if err != nil {
-		return fmt.Errorf("decode pgoutput message: %w", err)
-	}
-	cfg := s.r.opts.Store
+	return nil
+}
+
+// apply follows one pgoutput message, read at WAL position at: the
+// transactions' bounds, the tables' descriptions, and the events.
+func (s *stream) apply(ctx context.Context, m pglogrepl.Message, at pglogrepl.LSN) error {
 	switch m := m.(type) {
 	case *pglogrepl.RelationMessage:
 		s.relations[m.RelationID] = m
@@ -485,44 +489,58 @@ func (s *stream) handle(ctx context.Context, data []byte) error {
 		s.tracker.commit(s.txn, m.TransactionEndLSN)
 		s.txn = nil
 	case *pglogrepl.InsertMessage:
-		rel := s.relations[m.RelationID]
-		if rel == nil {
-			return fmt.Errorf("insert into unknown relation %d", m.RelationID)
-		}
-		if rel.Namespace != cfg.Schema || rel.RelationName != cfg.Table || s.txn == nil {
-			return nil
-		}
-		it, skip := decodeRow(rel, m.Tuple, s.commitTime, cfg)
-		if !skip {
-			it.maybeSent = x.WALStart <= s.horizon
-			s.dispatch(ctx, it)
-		}
+		return s.insert(ctx, m, at)
 	case *pglogrepl.LogicalDecodingMessage:
-		if m.Prefix == s.r.sql.handOffPrefix {
-			s.noteHandOff(m)
-			return nil
-		}
-		if m.Prefix != s.r.prefix {
-			return nil
-		}
-		it := decodeMessage(m, s.commitTime, cfg)
-		if s.txn == nil {
-			// A non-transactional message: a transaction of its own,
-			// which ends at the message.
-			s.txn = s.tracker.begin()
-			it.ev.CreatedAt = time.Now()
-			s.dispatch(ctx, it)
-			s.tracker.commit(s.txn, m.LSN)
-			s.txn = nil
-			return nil
-		}
+		s.message(ctx, m)
+	}
+	return nil
+}
+
+// insert dispatches a row inserted into the outbox table, unless the log
+// relay must not publish it (see decodeRow).
+func (s *stream) insert(ctx context.Context, m *pglogrepl.InsertMessage, at pglogrepl.LSN) error {
+	cfg := s.r.opts.Store
+	rel := s.relations[m.RelationID]
+	if rel == nil {
+		return fmt.Errorf("insert into unknown relation %d", m.RelationID)
+	}
+	if rel.Namespace != cfg.Schema || rel.RelationName != cfg.Table || s.txn == nil {
+		return nil
+	}
+	it, skip := decodeRow(rel, m.Tuple, s.commitTime, cfg)
+	if !skip {
+		it.maybeSent = at <= s.horizon
 		s.dispatch(ctx, it)
 	}
 	return nil
 }
 
+// message dispatches a log-only event of the outbox's prefix, and notes
+// a hand-off notice.
+func (s *stream) message(ctx context.Context, m *pglogrepl.LogicalDecodingMessage) {
+	if m.Prefix == s.r.sql.handOffPrefix {
+		s.noteHandOff(m)
+		return
+	}
+	if m.Prefix != s.r.prefix {
+		return
+	}
+	it := decodeMessage(m, s.commitTime, s.r.opts.Store)
+	if s.txn != nil {
+		s.dispatch(ctx, it)
+		return
+	}
+	// A non-transactional message: a transaction of its own, which ends
+	// at the message.
+	s.txn = s.tracker.begin()
+	it.ev.CreatedAt = time.Now()
+	s.dispatch(ctx, it)
+	s.tracker.commit(s.txn, m.LSN)
+	s.txn = nil
+}
+
 // recordPositions writes the position of the last events done to the
-// table (store.LogTable.RecordPosition), each time it moves, one write at
+// table (logTable.recordPosition), each time it moves, one write at
 // a time, until ctx ends: the server keeps its slot's confirmed position
 // on disk only from time to time, and a relay resuming after a crash of
 // the server starts from the later of the two, so it sends again only
