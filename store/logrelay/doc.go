@@ -49,7 +49,8 @@
 //
 // Run returns an error only for what retrying cannot fix; it wraps
 // [ErrSlotLost], [ErrNotPublished], [ErrPublicationFiltered],
-// [ErrSlotOfOtherDatabase], [ErrNoSlot] (with ManualSlot) or
+// [ErrSlotOfOtherDatabase], [ErrNoSlot] (with ManualSlot, or still missing
+// once created) or
 // store.ErrMixedModes. A relay that finds the slot held stands by
 // ([ErrSlotBusy] is never returned by Run).
 //
@@ -79,6 +80,7 @@
 // docs/design.md ("The log relay") explains the stream, the hand-offs and
 // the confirmed position; docs/operations.md ("Log mode: slot,
 // publication and WAL safety") the slot's care, its metrics and alerts;
-// docs/producers.md ("Log mode") the producers' side. The table source
-// (the table path's source) and package core (the engine) come next.
+// docs/producers.md ("Log mode") the producers' side. Package store/table
+// is the table source the table path runs on, and package core the
+// engine both relays run.
 package logrelay
