@@ -119,7 +119,7 @@ func TestUnrelayableRowsAreHeld(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				table := ident(cfg)
+				table := Ident(cfg)
 				bad, other := uuid.NewString(), uuid.NewString()
 				mustInsert := func(r rawRow) int64 {
 					t.Helper()
@@ -225,7 +225,7 @@ func TestClaimBoundedByBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := ident(cfg)
+	table := Ident(cfg)
 	big := `"` + strings.Repeat("y", 9000) + `"`
 	for range 10 {
 		if _, err := insertRaw(ctx, t, pool, table, rawRow{agg: uuid.NewString(), typ: "a.b", payload: big}); err != nil {
@@ -283,7 +283,7 @@ func TestByteLimitsValidated(t *testing.T) {
 // written before the constraints existed.
 func dropRowChecks(ctx context.Context, t testing.TB, pool *pgxpool.Pool, cfg store.Config) {
 	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`, ident(cfg))
+	rows, err := pool.Query(ctx, `SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`, Ident(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,13 +299,13 @@ func dropRowChecks(ctx context.Context, t testing.TB, pool *pgxpool.Pool, cfg st
 		t.Fatal(err)
 	}
 	for _, n := range names {
-		if _, err := pool.Exec(ctx, `ALTER TABLE `+ident(cfg)+` DROP CONSTRAINT `+quote(n)); err != nil {
+		if _, err := pool.Exec(ctx, `ALTER TABLE `+Ident(cfg)+` DROP CONSTRAINT `+quote(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-func ident(cfg store.Config) string {
+func Ident(cfg store.Config) string {
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		panic(err)

@@ -39,7 +39,7 @@ func FuzzClaimRows(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	table := ident(cfg)
+	table := Ident(cfg)
 
 	f.Fuzz(func(t *testing.T, typ, headers, payload string, pad uint16, sameAggregate bool) {
 		if _, err := pool.Exec(ctx, "DELETE FROM "+table); err != nil {

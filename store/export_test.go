@@ -19,7 +19,7 @@ func RenderMigrationFile(cfg Config, raw string) (string, error) {
 		return "", err
 	}
 	var b bytes.Buffer
-	if err := tmpl.Execute(&b, cfg.names()); err != nil {
+	if err := tmpl.Execute(&b, cfg.Names()); err != nil {
 		return "", err
 	}
 	return b.String(), nil

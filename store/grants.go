@@ -57,11 +57,11 @@ func Grants(cfg Config, r Roles) ([]string, error) {
 			return nil, fmt.Errorf("grants: %s role %q: %w", f.job, f.name, err)
 		}
 	}
-	n := cfg.names()
-	seq := ident(cfg.Schema, cfg.Table+"_id_seq") // the BIGSERIAL's sequence
+	n := cfg.Names()
+	seq := Ident(cfg.Schema, cfg.Table+"_id_seq") // the BIGSERIAL's sequence
 	var out []string
 	grant := func(privs, object, role string) {
-		out = append(out, "GRANT "+privs+" ON "+object+" TO "+ident(role))
+		out = append(out, "GRANT "+privs+" ON "+object+" TO "+Ident(role))
 	}
 	if r.Relay != "" {
 		grant("USAGE", "SCHEMA "+n.Schema, r.Relay)

@@ -71,7 +71,7 @@ func (s *Store) listenOnce(ctx context.Context, wake, connected func()) error {
 	}
 	s.setChannel(channels[len(channels)-1])
 	for _, ch := range channels {
-		if _, err := conn.Exec(ctx, "LISTEN "+ident(ch)); err != nil {
+		if _, err := conn.Exec(ctx, "LISTEN "+Ident(ch)); err != nil {
 			return fmt.Errorf("listen %s: %w", ch, err)
 		}
 	}
@@ -196,7 +196,7 @@ const waitChunk = 100 * time.Millisecond
 // await waits for the lock on conn until it is granted, or lw is asked to
 // stop (errWaitStopped).
 func (w *sleeper) await(ctx context.Context, conn *pgx.Conn, lw *lockWait, channel string) error {
-	notify := "SELECT pg_notify(" + literal(channel) + ", '')"
+	notify := "SELECT pg_notify(" + Literal(channel) + ", '')"
 	timeout := waitChunk.Milliseconds()
 	var holders []string // the producers holding the lock shared at the last look
 	for {
@@ -390,7 +390,3 @@ func (w *sleeper) close(ctx context.Context) {
 		w.conn = nil
 	}
 }
-
-// wakeKey is the text whose hash is the advisory lock a sleeping relay
-// holds and a writing producer tries shared (the notify trigger's WHEN).
-func wakeKey(schema, table string) string { return "outbox-wake:" + schema + "." + table }

@@ -160,7 +160,7 @@ func Migrations(cfg Config) ([]Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
-	n := cfg.names()
+	n := cfg.Names()
 	var out []Migration
 	for _, e := range entries {
 		base := strings.TrimSuffix(e.Name(), ".sql")
@@ -189,7 +189,7 @@ func Migrations(cfg Config) ([]Migration, error) {
 // followed by "concurrently" or "batch".
 var stepMarker = regexp.MustCompile(`(?m)^--- step\b(.*)$`)
 
-func parseSteps(file, raw string, n names) ([]Step, string, error) {
+func parseSteps(file, raw string, n Names) ([]Step, string, error) {
 	marks := stepMarker.FindAllStringSubmatchIndex(raw, -1)
 	if len(marks) == 0 || strings.TrimSpace(flatten(raw[:marks[0][0]])) != "" {
 		return nil, "", errors.New(`statements before the first "--- step" line`)
@@ -421,7 +421,7 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, cfg Config, opts Migra
 		return nil, fmt.Errorf("migrate %s.%s: acquire connection: %w", cfg.Schema, cfg.Table, err)
 	}
 	defer conn.Release()
-	r := &runner{conn: conn.Conn(), cfg: cfg, n: cfg.names(), opts: opts, log: opts.Log.With("schema", cfg.Schema, "table", cfg.Table)}
+	r := &runner{conn: conn.Conn(), cfg: cfg, n: cfg.Names(), opts: opts, log: opts.Log.With("schema", cfg.Schema, "table", cfg.Table)}
 	if err := r.lock(ctx); err != nil {
 		return nil, fmt.Errorf("migrate %s.%s: %w", cfg.Schema, cfg.Table, err)
 	}
@@ -436,7 +436,7 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, cfg Config, opts Migra
 type runner struct {
 	conn *pgx.Conn
 	cfg  Config
-	n    names
+	n    Names
 	opts MigrateOptions
 	log  *slog.Logger
 }
@@ -558,7 +558,7 @@ func (r *runner) record(m Migration, i int) string { return stepRecordSQL(r.n, m
 
 // stepRecordSQL records step i of m done: the version row with the number
 // of steps done, or with step NULL once the last is.
-func stepRecordSQL(n names, m Migration, i int) string {
+func stepRecordSQL(n Names, m Migration, i int) string {
 	step := "NULL"
 	if i+1 < len(m.Steps) {
 		step = strconv.Itoa(i + 1)
@@ -673,12 +673,12 @@ func (r *runner) batches(ctx context.Context, m Migration, stmt string) error {
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-func createSchemaSQL(n names) string { return "CREATE SCHEMA IF NOT EXISTS " + n.Schema }
+func createSchemaSQL(n Names) string { return "CREATE SCHEMA IF NOT EXISTS " + n.Schema }
 
 // migrationsTableSQL creates the table of applied versions and gives one
 // made by an earlier release the step column. step NULL means complete;
 // a number, how many steps of a migration begun are done.
-func migrationsTableSQL(n names) []string {
+func migrationsTableSQL(n Names) []string {
 	return []string{
 		"CREATE TABLE IF NOT EXISTS " + n.Migrations +
 			" (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), step INTEGER)",
@@ -696,7 +696,7 @@ func MigrationSetupSQL(cfg Config) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := cfg.names()
+	n := cfg.Names()
 	// As in Migrate, the schema is created only when missing: CREATE SCHEMA
 	// IF NOT EXISTS needs CREATE on the database even when it exists.
 	schema := "DO $outbox$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = " +
@@ -721,7 +721,7 @@ func MigrationStepRecordSQL(cfg Config, m Migration, i int) (string, error) {
 	if i < 0 || i >= len(m.Steps) {
 		return "", fmt.Errorf("record migration %04d: step %d of %d", m.Version, i+1, len(m.Steps))
 	}
-	return stepRecordSQL(cfg.names(), m, i), nil
+	return stepRecordSQL(cfg.Names(), m, i), nil
 }
 
 // BatchSQL returns a batch step's statement as a DO block that runs it
@@ -738,7 +738,7 @@ func BatchSQL(cfg Config, s Step, rows int) (string, error) {
 	w := strconv.Itoa(rows)
 	stmt := strings.NewReplacer("$1", "lo", "$2", "lo + "+w).Replace(s.Statements[0].SQL)
 	return "DO $outbox$\nDECLARE lo bigint; hi bigint;\nBEGIN\n" +
-		"    SELECT min(seq), max(seq) INTO lo, hi FROM " + cfg.names().Outbox + ";\n" +
+		"    SELECT min(seq), max(seq) INTO lo, hi FROM " + cfg.Names().Outbox + ";\n" +
 		"    WHILE lo <= hi LOOP\n" + stmt + ";\n        COMMIT;\n        lo := lo + " + w + ";\n    END LOOP;\nEND $outbox$", nil
 }
 
@@ -762,7 +762,7 @@ func SchemaProgress(ctx context.Context, pool *pgxpool.Pool, cfg Config) (have, 
 	err = pool.QueryRow(ctx, `SELECT COALESCE(max(version) FILTER (WHERE to_jsonb(m) ->> 'step' IS NULL), 0),
        COALESCE(max(version) FILTER (WHERE to_jsonb(m) ->> 'step' IS NOT NULL), 0),
        COALESCE(max((to_jsonb(m) ->> 'step')::int), 0)
-FROM `+cfg.names().Migrations+` AS m`).Scan(&have, &partial, &steps)
+FROM `+cfg.Names().Migrations+` AS m`).Scan(&have, &partial, &steps)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return 0, 0, 0, nil

@@ -22,7 +22,7 @@ func TestSQLInsertGetsUUIDv7(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	before := time.Now().Add(-time.Second)
 	var uid string
-	err := pool.QueryRow(ctx, `INSERT INTO `+ident(cfg)+` (aggregate_id, type, payload)
+	err := pool.QueryRow(ctx, `INSERT INTO `+Ident(cfg)+` (aggregate_id, type, payload)
 VALUES ('0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d', 'order.placed', '{"total": 10}') RETURNING event_id::text`).Scan(&uid)
 	if err != nil {
 		t.Fatalf("the seed article's insert: %v", err)
@@ -47,7 +47,7 @@ func TestTableRefusesBadRows(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	agg := uuid.NewString()
 	dup := uuid.NewString()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (event_id, aggregate_id, type, payload) VALUES ($1, $2, 'a.b', '{}')`, dup, agg); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+Ident(cfg)+` (event_id, aggregate_id, type, payload) VALUES ($1, $2, 'a.b', '{}')`, dup, agg); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -72,7 +72,7 @@ func TestTableRefusesBadRows(t *testing.T) {
 			if c.headers != "" {
 				headers = c.headers
 			}
-			_, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (event_id, aggregate_id, type, payload, headers)
+			_, err := pool.Exec(ctx, `INSERT INTO `+Ident(cfg)+` (event_id, aggregate_id, type, payload, headers)
 VALUES (coalesce($1::uuid, `+pgx.Identifier{cfg.Schema, "events_outbox_uuidv7"}.Sanitize()+`()), $2, $3, '{}', $4::jsonb)`, uid, agg, c.typ, headers)
 			if err == nil || !strings.Contains(err.Error(), "events_outbox"+c.constraint) {
 				t.Fatalf("insert: error %v, want one naming events_outbox%s", err, c.constraint)
@@ -80,7 +80,7 @@ VALUES (coalesce($1::uuid, `+pgx.Identifier{cfg.Schema, "events_outbox_uuidv7"}.
 		})
 	}
 	// Good rows still go in, including headers that are an empty object.
-	if _, err := pool.Exec(ctx, `INSERT INTO `+ident(cfg)+` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '[]', '{}'), ($1, 'o', '1', NULL)`, agg); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+Ident(cfg)+` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '[]', '{}'), ($1, 'o', '1', NULL)`, agg); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -91,7 +91,7 @@ VALUES (coalesce($1::uuid, `+pgx.Identifier{cfg.Schema, "events_outbox_uuidv7"}.
 func TestMigration4UpgradesBadRows(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := upgradeFrom(t, 3)
-	table := ident(cfg)
+	table := Ident(cfg)
 	dup := uuid.NewString()
 	agg := uuid.NewString()
 	rows := []struct {

@@ -18,7 +18,7 @@ import (
 func TestMigration5RenamesIdentityColumns(t *testing.T) {
 	ctx := context.Background()
 	pool, cfg := upgradeFrom(t, 4)
-	table := ident(cfg)
+	table := Ident(cfg)
 	agg := uuid.NewString()
 	given := uuid.NewString()
 	var doneSeq, givenSeq int64

@@ -103,7 +103,7 @@ func fillAsVersion(ctx context.Context, t *testing.T, pool *pgxpool.Pool, cfg st
 	if v < 5 {
 		idCol = "uid"
 	}
-	table := ident(cfg)
+	table := Ident(cfg)
 	q := `INSERT INTO ` + table + ` (` + idCol + `, aggregate_id, type, payload, headers, dispatched_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 'order.placed', '{"order":12345,"lines":[1,2,3],"total":"99.50"}',
        '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}',
@@ -145,7 +145,7 @@ func (p producer) wait() producerResult { return <-p.done }
 // columns of today, as a redeployed one would, and that retry counts in
 // the wait of its insert.
 func startProducer(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, v int) producer {
-	table := ident(cfg)
+	table := Ident(cfg)
 	current := `INSERT INTO ` + table + ` (aggregate_id, type, payload) VALUES ($1, 'order.placed', '{"order":1}')`
 	q := current
 	if v < 4 {

@@ -191,9 +191,9 @@ func TestMigrationResumesAfterEveryStep(t *testing.T) {
 					t.Errorf("schema check of a half-done migration: %v", err)
 				}
 				// The producers of the version before still write.
-				q := `INSERT INTO ` + ident(cfg) + ` (uid, aggregate_id, type, payload) VALUES (gen_random_uuid(), $1, 'a.b', '{}')`
+				q := `INSERT INTO ` + Ident(cfg) + ` (uid, aggregate_id, type, payload) VALUES (gen_random_uuid(), $1, 'a.b', '{}')`
 				if m.Version > 5 {
-					q = `INSERT INTO ` + ident(cfg) + ` (aggregate_id, type, payload) VALUES ($1, 'a.b', '{}')`
+					q = `INSERT INTO ` + Ident(cfg) + ` (aggregate_id, type, payload) VALUES ($1, 'a.b', '{}')`
 				}
 				if _, err := pool.Exec(ctx, q, uuid.NewString()); err != nil {
 					t.Errorf("producer of version %d mid-migration: %v", m.Version-1, err)
@@ -219,7 +219,7 @@ func TestMigrationRebuildsAnInvalidIndex(t *testing.T) {
 	failed := pgx.Identifier{"events_outbox_failed"}.Sanitize()
 	// A unique index on a column with duplicates fails after it is
 	// created, as an interrupted build does, and is left invalid.
-	_, err := pool.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+failed+" ON "+ident(cfg)+" (type)")
+	_, err := pool.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+failed+" ON "+Ident(cfg)+" (type)")
 	if err == nil {
 		t.Fatal("unique index over duplicate types was built")
 	}
@@ -249,7 +249,7 @@ func TestMigrationRetriesABusyLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = report.Rollback(ctx) }()
-	if _, err := report.Exec(ctx, "SELECT count(*) FROM "+ident(cfg)); err != nil {
+	if _, err := report.Exec(ctx, "SELECT count(*) FROM "+Ident(cfg)); err != nil {
 		t.Fatal(err)
 	}
 	_, err = store.MigrateWith(ctx, pool, cfg, store.MigrateOptions{LockTimeout: 50 * time.Millisecond, LockRetries: 1})
@@ -373,7 +373,7 @@ func TestStepLocksAreWhatPostgreSQLTakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := ident(cfg)
+	table := Ident(cfg)
 	held := func(tx pgx.Tx) int {
 		t.Helper()
 		var modes []string

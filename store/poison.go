@@ -178,8 +178,8 @@ func (s *Store) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	switch {
 	case reason == "":
 		return 0, fmt.Errorf("park events (%s): a reason is required", sel)
-	case len(reason) > maxReason:
-		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), maxReason)
+	case len(reason) > MaxReason:
+		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), MaxReason)
 	}
 	n, err := s.update(ctx, sel, actionStates[ActionPark], counted, "parked_at = now(), parked_reason = $1", reason)
 	if err != nil {

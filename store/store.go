@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,18 +12,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/core/event"
 )
-
-// maxReason bounds the stored failure reason.
-const maxReason = 2000
 
 // Store is the PostgreSQL outbox. It is safe for concurrent use by many
 // relays in many processes.
 type Store struct {
 	pool *pgxpool.Pool
 	cfg  Config
-	n    names
+	n    Names
 	log  *slog.Logger
 
 	claimAll, claimUnordered string // claimAll: ordered, every partition
@@ -100,7 +95,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := cfg.names()
+	n := cfg.Names()
 	unordered := `
 WITH cand AS MATERIALIZED (
     SELECT ` + claimCols + ` FROM ` + n.Outbox + `
@@ -379,48 +374,34 @@ func (s *Store) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimRe
 	// One set of scan destinations for the whole claim: taking their
 	// addresses per row would allocate each of them for every event.
 	var (
-		e                  core.Event
-		bytes              []byte
-		contentType, topic *string
-		headers            *string
-		size               int64
-		within, passes     bool
+		r              Row
+		within, passes bool
 	)
-	dest := []any{&e.Seq, &e.ID, &e.AggregateID, &e.Type, &e.Payload, &bytes, &contentType, &topic, &headers,
-		&e.CreatedAt, &e.Attempts, &size, &within, &passes}
+	dest := []any{&r.Seq, &r.ID, &r.AggregateID, &r.Type, &r.Payload, &r.PayloadBytes, &r.ContentType, &r.Topic, &r.Headers,
+		&r.CreatedAt, &r.Attempts, &r.Size, &within, &passes}
 	for rows.Next() {
 		// Cleared, so that no row's values can share memory with the last.
-		e, bytes, contentType, topic, headers = core.Event{}, nil, nil, nil, nil
+		r = Row{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, st, fmt.Errorf("scan event: %w", err)
 		}
 		st.candidates++
-		st.last = e.Seq
+		st.last = r.Seq
 		// Rows the gate or the claim's byte limit leave out stay locked,
 		// unpublished, until the claim ends.
 		if !passes || !within {
 			c.truncated = true
 			if !passes {
-				st.blocked = append(st.blocked, e.AggregateID)
+				st.blocked = append(st.blocked, r.AggregateID)
 			}
 			continue
 		}
-		// One of the two payload columns is set (the table checks it).
-		if e.Payload == nil {
-			e.Payload = bytes
-		}
-		if contentType != nil {
-			e.ContentType = *contentType
-		}
-		if topic != nil {
-			e.Topic = *topic
-		}
-		if !req.Unordered && rejectedAggs[e.AggregateID] {
+		if !req.Unordered && rejectedAggs[r.AggregateID] {
 			c.truncated = true
 			continue
 		}
-		if err := s.decode(&e, headers, size); err != nil {
-			e.Payload = nil
+		e, err := r.Event(s.cfg.MaxEventBytes)
+		if err != nil {
 			c.rejected = append(c.rejected, core.Rejection{Event: e, Err: err})
 			if rejectedAggs == nil {
 				rejectedAggs = map[string]bool{}
@@ -440,24 +421,6 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) error {
 	_, err := conn.Exec(ctx, "ROLLBACK")
 	conn.Release()
 	return err
-}
-
-// decode checks what the query could not: the parts of a row a broker
-// message is made of (event.CheckRow). A JSON payload is in a JSON column,
-// so PostgreSQL has already checked it; other payloads are bytes to pass
-// on as they are.
-func (s *Store) decode(e *core.Event, headers *string, size int64) error {
-	h, err := event.CheckRow(e.Type, headers, size, s.cfg.MaxEventBytes)
-	e.Headers = h
-	if err != nil {
-		return err
-	}
-	if e.Payload == nil {
-		// The row grew past the limit between the two checks: impossible
-		// in one statement, but never publish an empty payload.
-		return errors.New("payload was not read")
-	}
-	return nil
 }
 
 type claim struct {
@@ -498,7 +461,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 		retry := make([]*time.Time, len(failed))
 		for i, f := range failed {
 			ids[i] = f.Seq
-			reasons[i] = truncate(asText(f.Reason), maxReason)
+			reasons[i] = Reason(f.Reason)
 			if !f.RetryAt.IsZero() {
 				t := f.RetryAt
 				retry[i] = &t
@@ -543,23 +506,4 @@ func (c *claim) Release(ctx context.Context) error {
 		return fmt.Errorf("release claim: %w", err)
 	}
 	return nil
-}
-
-// asText makes a failure's reason storable as text: an error message can
-// carry any bytes (a broker's reply, a payload quoted back), and PostgreSQL
-// refuses invalid UTF-8 and NUL in text, which would fail the whole
-// outcome's record, and the batch's next attempt the same way, for good.
-func asText(s string) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
 }

@@ -1,6 +1,7 @@
 package logrelay_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,28 @@ func TestOptionsShareTheTableRelaysDefaults(t *testing.T) {
 	} {
 		if c.log != c.tabl {
 			t.Errorf("%s: log relay %v, table relay %v", c.name, c.log, c.tabl)
+		}
+	}
+}
+
+// The log relay's own fields out of range are a *core.OptionError, as
+// core's are, with the text they always had, so that a caller (the
+// binary) can name its own key for the field.
+func TestOptionsOutOfRangeAreOptionErrors(t *testing.T) {
+	for _, c := range []struct {
+		o     logrelay.Options
+		field string
+		text  string
+	}{
+		{logrelay.Options{MaxInFlight: -1}, "MaxInFlight", "log relay options: MaxInFlight is invalid, want not negative"},
+		{logrelay.Options{ReceiveTimeout: -time.Second}, "ReceiveTimeout", "log relay options: ReceiveTimeout is invalid, want not negative"},
+		{logrelay.Options{Options: core.Options{Unordered: true}}, "Unordered",
+			"log relay options: Unordered is invalid, want false: the log relay keeps each aggregate's order"},
+	} {
+		_, err := c.o.WithDefaults()
+		var oe *core.OptionError
+		if !errors.As(err, &oe) || oe.Field != c.field || err.Error() != c.text {
+			t.Errorf("%s out of range: %v, want a *core.OptionError %q", c.field, err, c.text)
 		}
 	}
 }

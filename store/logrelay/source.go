@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -77,7 +78,7 @@ func (c *claim) dropSent(ctx context.Context) bool {
 	s := c.s
 	// Bounded: a server cut off would hold the claim, so the engine.
 	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
-	done, err := s.r.sql.Dispatched(lctx, s.r.pool, seqs)
+	done, err := s.r.sql.dispatched(lctx, s.r.pool, seqs)
 	cancel()
 	if err != nil || len(done) == 0 {
 		if err != nil && ctx.Err() == nil {
@@ -145,7 +146,7 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 	}
 	for _, f := range failed {
 		if it := c.bySeq[f.Seq]; it != nil {
-			if _, err := retry(ctx, s, "hand event to the table", func() (struct{}, error) { return struct{}{}, c.HandOff(ctx, &it.ev, &f) }); err != nil {
+			if err := s.retry(ctx, "hand event to the table", func() error { return c.HandOff(ctx, &it.ev, &f) }); err != nil {
 				return err
 			}
 		}
@@ -158,8 +159,10 @@ func (c *claim) Complete(ctx context.Context, done []int64, failed []core.Failur
 func (s *stream) writeMarks(ctx context.Context, rows []*item) error {
 	for i := 0; i < len(rows); i += s.r.opts.BatchSize {
 		part := rows[i:min(i+s.r.opts.BatchSize, len(rows))]
-		missing, err := retry(ctx, s, "mark events dispatched", func() (int, error) {
-			return s.r.sql.mark(ctx, s.r.pool, s.r.log, part)
+		var missing int
+		err := s.retry(ctx, "mark events dispatched", func() (err error) {
+			missing, err = s.r.sql.mark(ctx, s.r.pool, s.r.log, part)
+			return err
 		})
 		if err != nil {
 			return err
@@ -230,26 +233,16 @@ func (c *claim) HandOff(ctx context.Context, e *core.Event, f *core.Failure) err
 }
 
 // retry calls f until it succeeds, backing off with ErrorBackoff; the
-// error is ctx's once it ends first.
-func retry[T any](ctx context.Context, s *stream, what string, f func() (T, error)) (T, error) {
-	for attempt := 0; ; attempt++ {
-		v, err := f()
-		if err == nil {
-			return v, nil
-		}
-		if ctx.Err() != nil {
-			return v, ctx.Err()
-		}
+// error is ctx's once it ends first. A server that is shutting down ends
+// the stream meanwhile (serverStops).
+func (s *stream) retry(ctx context.Context, what string, f func() error) error {
+	return s.r.opts.ErrorBackoff.Retry(ctx, func(func()) error { return f() }, func(err error, wait time.Duration) {
 		if serverStopping(err) {
 			s.serverStops(err)
 		}
-		wait := s.r.opts.ErrorBackoff.Delay(attempt)
 		s.r.obs.Errored("record", err)
 		s.r.log.Error("log relay: "+what+" failed", "error", err, "retry_in", wait)
-		if !sleep(ctx, wait) {
-			return v, ctx.Err()
-		}
-	}
+	})
 }
 
 // serverStopping reports the error of a server that refuses connections
