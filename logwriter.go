@@ -18,7 +18,7 @@ import (
 //
 // Messages are checked as Writer checks them, and carry the same fields
 // (any key, a content type with bytes payloads, a topic, a deliver-at
-// time); the encoding is event.EncodeMessage's. A scheduled event is
+// time); the encoding is event.EncodeLogMessage's. A scheduled event is
 // handed by the relay to the table when it reads it, and published from
 // there when due. LogWriter is safe for concurrent use.
 type LogWriter struct {
@@ -60,7 +60,7 @@ func (l *LogWriter) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if payload == nil {
 			payload = []byte(p.payload)
 		}
-		b, err := event.EncodeMessage(event.Message{
+		b, err := event.EncodeLogMessage(event.LogMessage{
 			ID: p.id, AggregateID: m.AggregateID, Type: m.Type, ContentType: m.ContentType, Topic: m.Topic,
 			DeliverAt: m.DeliverAt, Headers: p.headerMap, Payload: payload,
 		})

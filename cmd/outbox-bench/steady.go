@@ -301,7 +301,7 @@ func (b *bench) steadyRun(ctx context.Context, c steadyCase, v steadyVersion) (s
 		}
 		uid, agg := id.String(), aggregateID(i, b.cfg.Aggregates)
 		if c.mode == modeLogOnly {
-			msg, err := event.EncodeMessage(event.Message{ID: uid, AggregateID: agg, Type: "bench.event", Payload: []byte(`{"n":1}`)})
+			msg, err := event.EncodeLogMessage(event.LogMessage{ID: uid, AggregateID: agg, Type: "bench.event", Payload: []byte(`{"n":1}`)})
 			if err != nil {
 				return err
 			}

@@ -23,8 +23,8 @@
 //   - Max* are the limits every producer and the relay share; limits that
 //     are configurable (the writer's payload limit, the relay's event
 //     limit) are passed in by the caller, which keeps their defaults.
-//   - Message, EncodeMessage and DecodeMessage are the log-only message
-//     format.
+//   - LogMessage, EncodeLogMessage and DecodeLogMessage are the log-only
+//     message format.
 //
 // Migration 7 states the same rules again as the table's checks and in its
 // SQL write function, for producers that do not use Go. Where next: the

@@ -208,18 +208,18 @@ func TestCheckRow(t *testing.T) {
 // A message survives the round trip field for field; payloads byte for
 // byte, JSON ones with their own spacing.
 func TestMessageRoundTrip(t *testing.T) {
-	for _, m := range []event.Message{
+	for _, m := range []event.LogMessage{
 		{ID: id, AggregateID: "k", Type: "t", Payload: []byte(`{ "a" : [1, 2] }`)},
 		{ID: id, AggregateID: "kunde/ü 7", Type: "t", ContentType: "application/x-protobuf", Payload: []byte{0, 0xff}},
 		{ID: id, AggregateID: "k", Type: "t", ContentType: "avro/binary", Payload: []byte{}},
 		{ID: id, AggregateID: "k", Type: "t", Topic: "billing", Headers: map[string]string{"a": "b"},
 			DeliverAt: time.Date(2030, 1, 2, 3, 4, 5, 123456000, time.UTC), Payload: []byte(`"x"`)},
 	} {
-		b, err := event.EncodeMessage(m)
+		b, err := event.EncodeLogMessage(m)
 		if err != nil {
 			t.Fatalf("encode %+v: %v", m, err)
 		}
-		got, err := event.DecodeMessage(b)
+		got, err := event.DecodeLogMessage(b)
 		if err != nil {
 			t.Fatalf("decode %s: %v", b, err)
 		}
@@ -231,17 +231,17 @@ func TestMessageRoundTrip(t *testing.T) {
 	}
 }
 
-// EncodeMessage refuses only what its format cannot carry, naming the
-// field; DecodeMessage applies the same field rules as CheckFields.
+// EncodeLogMessage refuses only what its format cannot carry, naming the
+// field; DecodeLogMessage applies the same field rules as CheckFields.
 func TestMessageRefusals(t *testing.T) {
-	_, err := event.EncodeMessage(event.Message{ID: id, AggregateID: "k", Type: "t", DeliverAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), Payload: []byte(`{}`)})
+	_, err := event.EncodeLogMessage(event.LogMessage{ID: id, AggregateID: "k", Type: "t", DeliverAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), Payload: []byte(`{}`)})
 	checkFieldError(t, err, "deliver_at", "outside the years 0 to 9999")
-	_, err = event.EncodeMessage(event.Message{ID: id, AggregateID: "k", Type: "t", Payload: []byte(`{`)})
+	_, err = event.EncodeLogMessage(event.LogMessage{ID: id, AggregateID: "k", Type: "t", Payload: []byte(`{`)})
 	checkFieldError(t, err, "payload", "not valid JSON")
 
-	_, err = event.DecodeMessage([]byte(`{"v":1,"event_id":"` + id + `","aggregate_id":"k","type":"t","topic":"a b","payload":{}}`))
+	_, err = event.DecodeLogMessage([]byte(`{"v":1,"event_id":"` + id + `","aggregate_id":"k","type":"t","topic":"a b","payload":{}}`))
 	checkFieldError(t, err, "topic", `event message: topic "a b" contains whitespace`)
-	_, err = event.DecodeMessage([]byte(`{"v":1,"event_id":"` + id + `","aggregate_id":"k","type":"t","payload":"` + "\xff" + `"}`))
+	_, err = event.DecodeLogMessage([]byte(`{"v":1,"event_id":"` + id + `","aggregate_id":"k","type":"t","payload":"` + "\xff" + `"}`))
 	checkFieldError(t, err, "payload", "event message: payload is not valid UTF-8")
 }
 

@@ -158,7 +158,7 @@ func decodeMessage(m *pglogrepl.LogicalDecodingMessage, commit time.Time, cfg st
 	it := &item{raw: content, size: int64(len(content))}
 	it.ev.Seq = int64(m.LSN)
 	it.ev.CreatedAt = commit
-	msg, err := event.DecodeMessage(content)
+	msg, err := event.DecodeLogMessage(content)
 	it.ev.ID, it.ev.AggregateID, it.ev.Type, it.ev.Headers = msg.ID, msg.AggregateID, msg.Type, msg.Headers
 	it.ev.ContentType, it.ev.Topic, it.deliverAt = msg.ContentType, msg.Topic, msg.DeliverAt
 	switch {

@@ -223,7 +223,7 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 				return err
 			}
 			// Data the table's columns or checks refuse, which
-			// DecodeMessage let through: held as unreadable instead, so
+			// DecodeLogMessage let through: held as unreadable instead, so
 			// the stream never stops on it.
 			if reason != nil {
 				reason = fmt.Errorf("%w; %w", reason, refused)

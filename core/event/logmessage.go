@@ -9,9 +9,9 @@ import (
 	"time"
 )
 
-// MessageVersion is the version of the message encoding EncodeMessage
+// LogMessageVersion is the version of the encoding EncodeLogMessage
 // writes and the log relay reads.
-const MessageVersion = 1
+const LogMessageVersion = 1
 
 // MessagePrefix is the logical decoding message prefix of the outbox
 // table schema.table: "outbox:" then the names, so several outboxes share
@@ -20,9 +20,9 @@ func MessagePrefix(schema, table string) string {
 	return "outbox:" + schema + "." + table
 }
 
-// Message is one event as a log-only producer emits it: the fields of a
+// LogMessage is one event as a log-only producer emits it: the fields of a
 // row of the outbox table (see docs/producers.md for the table contract).
-type Message struct {
+type LogMessage struct {
 	ID          string // the event's identity (a UUID)
 	AggregateID string // ordering and partition key, as CheckKey accepts
 	Type        string // such as "order.placed"
@@ -68,15 +68,15 @@ type wireMessage struct {
 	PayloadBase64 *string           `json:"payload_base64"`
 }
 
-// EncodeMessage returns the content of the logical decoding message that
+// EncodeLogMessage returns the content of the logical decoding message that
 // carries m. A JSON payload goes in byte for byte (encoding/json would
 // compact it), so consumers receive what the producer wrote; only
 // whitespace around the JSON value is not kept. The caller has checked
 // m's fields (outbox.LogWriter does, as outbox.Writer checks rows);
-// EncodeMessage refuses, with a *FieldError, only what its format cannot
+// EncodeLogMessage refuses, with a *FieldError, only what its format cannot
 // carry: a JSON content type with a payload that is not JSON, or a
 // DeliverAt outside the years 0 to 9999 of RFC 3339.
-func EncodeMessage(m Message) ([]byte, error) {
+func EncodeLogMessage(m LogMessage) ([]byte, error) {
 	jsonPayload := IsJSON(m.ContentType)
 	if jsonPayload && !json.Valid(m.Payload) {
 		return nil, fmt.Errorf("encode event message: %w", fieldError("payload", "is not valid JSON"))
@@ -129,25 +129,25 @@ func appendString(b []byte, s string) []byte {
 	return append(b, q...)
 }
 
-// DecodeMessage reads content written by EncodeMessage (or by SQL in the
+// DecodeLogMessage reads content written by EncodeMessage (or by SQL in the
 // same format) and checks it as the writers check an event: the error
 // names the field at fault. When the error comes after the JSON object
 // was read, the returned Message holds the fields as read, so the caller
 // can still name the event; its Payload is nil.
-func DecodeMessage(content []byte) (Message, error) {
+func DecodeLogMessage(content []byte) (LogMessage, error) {
 	var w wireMessage
 	if err := json.Unmarshal(content, &w); err != nil {
-		return Message{}, fmt.Errorf("event message is not the outbox's JSON object: %w", err)
+		return LogMessage{}, fmt.Errorf("event message is not the outbox's JSON object: %w", err)
 	}
-	m := Message{ID: w.ID, AggregateID: w.AggregateID, Type: w.Type, ContentType: w.ContentType, Topic: w.Topic, Headers: w.Headers}
+	m := LogMessage{ID: w.ID, AggregateID: w.AggregateID, Type: w.Type, ContentType: w.ContentType, Topic: w.Topic, Headers: w.Headers}
 	if w.DeliverAt != nil {
 		m.DeliverAt = *w.DeliverAt
 	}
-	bad := func(format string, a ...any) (Message, error) {
+	bad := func(format string, a ...any) (LogMessage, error) {
 		return m, fmt.Errorf("event message: "+format, a...)
 	}
-	if w.V != MessageVersion {
-		return bad("version %d is not %d", w.V, MessageVersion)
+	if w.V != LogMessageVersion {
+		return bad("version %d is not %d", w.V, LogMessageVersion)
 	}
 	if w.ID == "" {
 		return bad("has no event_id")
@@ -194,7 +194,7 @@ func DecodeMessage(content []byte) (Message, error) {
 	return m, nil
 }
 
-func (m Message) contentType() string {
+func (m LogMessage) contentType() string {
 	if m.ContentType == "" {
 		return "application/json"
 	}
