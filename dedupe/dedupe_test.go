@@ -79,7 +79,7 @@ func TestProcessRunsOncePerEvent(t *testing.T) {
 	id := uuid.NewString()
 	for i, want := range []bool{true, false, false} {
 		applied, err := d.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-			if got, ok := dedupe.TxFromContext(ctx); !ok || got != tx {
+			if got, ok := dedupe.TxFromContext[pgx.Tx](ctx); !ok || got != tx {
 				t.Error("the context does not carry the transaction")
 			}
 			return c.apply(ctx, tx)
@@ -231,7 +231,7 @@ func TestCleanup(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		id := uuid.NewString()
 		oldIDs = append(oldIDs, id)
-		for _, dd := range []*dedupe.Deduper{d, other} {
+		for _, dd := range []*dedupe.Deduper[pgx.Tx]{d, other} {
 			if _, err := dd.Process(ctx, id, nop); err != nil {
 				t.Fatal(err)
 			}

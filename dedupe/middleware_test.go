@@ -28,9 +28,9 @@ import (
 	"github.com/outboxhq/outbox/store"
 )
 
-func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext(msg.Context()) }
+func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext[pgx.Tx](msg.Context()) }
 
-func newDeduper(t *testing.T, pool *pgxpool.Pool, cfg store.Config, consumer string) *dedupe.Deduper {
+func newDeduper(t *testing.T, pool *pgxpool.Pool, cfg store.Config, consumer string) *dedupe.Deduper[pgx.Tx] {
 	t.Helper()
 	d, err := dedupe.New(pool, dedupe.Options{Consumer: consumer, Store: cfg})
 	if err != nil {
@@ -397,7 +397,7 @@ func TestHandlerBehindMiddlewareSharesTransaction(t *testing.T) {
 	d := newDeduper(t, pool, cfg, "loyalty")
 	var same atomic.Bool
 	h := d.Handler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-		outer, _ := dedupe.TxFromContext(ctx)
+		outer, _ := dedupe.TxFromContext[pgx.Tx](ctx)
 		same.Store(outer == tx)
 		return nil, l.award(ctx, tx, msg.Payload)
 	})

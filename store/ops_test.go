@@ -255,7 +255,7 @@ func TestCleanupRejectsBadOptions(t *testing.T) {
 // dedupeConsumer is a publisher that hands each event straight to a
 // deduplicating consumer, as a broker would.
 type dedupeConsumer struct {
-	d         *dedupe.Deduper
+	d         *dedupe.Deduper[pgx.Tx]
 	delivered atomic.Int64
 	mu        sync.Mutex
 	effects   map[string]int // event uid -> handler runs that committed
