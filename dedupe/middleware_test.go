@@ -538,7 +538,7 @@ func TestEventIDAcrossRelayVersions(t *testing.T) {
 	const uid = "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"
 	for name, md := range map[string]message.Metadata{
 		"before migration 5": {event.HeaderEventID: "41", event.HeaderEventUID: uid},
-		"after migration 5":  wm.Message(&core.Event{Seq: 41, ID: uid, AggregateID: "a", Type: "t.x"}).Metadata,
+		"after migration 5":  wm.NewMessage(&core.Event{Seq: 41, ID: uid, AggregateID: "a", Type: "t.x"}).Metadata,
 		"event_id only":      {event.HeaderEventID: uid},
 	} {
 		msg := message.NewMessage(watermill.NewUUID(), nil)

@@ -47,7 +47,7 @@ func (b *broker) Publish(_ context.Context, e *core.Event) error {
 	if b.err != nil {
 		return b.err
 	}
-	b.msgs = append(b.msgs, wm.Message(e))
+	b.msgs = append(b.msgs, wm.NewMessage(e))
 	return nil
 }
 

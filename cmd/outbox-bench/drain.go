@@ -393,7 +393,7 @@ func (b *bench) watermillDrain(ctx context.Context, queue bool, n int, limit tim
 	// generate_series in transactions of wmRowsPerTx, which is much faster than
 	// publishing it, and gives the default schema many transaction ids.
 	capture := &wmCapture{}
-	inner := wm.Message(&core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
+	inner := wm.NewMessage(&core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
 		Type: "bench.event", Payload: []byte(`{"n":1,"pad":"` + strings.Repeat("x", max(0, b.cfg.PayloadBytes-40)) + `"}`)})
 	if err := forwarder.NewPublisher(capture, forwarder.PublisherConfig{ForwarderTopic: topic}).Publish("events", inner); err != nil {
 		return rate{}, fmt.Errorf("envelope message: %w", err)
