@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -243,31 +244,27 @@ func (c *Config) validateBroker() problems {
 }
 
 // validateRelay checks the relay section and the database settings that
-// must fit it.
+// must fit it. The ranges are core's (core.Options.WithDefaults); the file
+// adds that every key has a value, since Defaults fills them all and core
+// reads 0 as "the default".
 func (c *Config) validateRelay() problems {
 	var p problems
 	r := c.Relay
-	if r.BatchSize < 1 || r.BatchSize > core.MaxBatchSize {
-		p.bad("relay.batch_size", "%d is not between 1 and %d", r.BatchSize, core.MaxBatchSize)
-	}
-	if r.Lanes < 1 || r.Lanes > core.MaxLanes {
-		p.bad("relay.lanes", "%d is not between 1 and %d", r.Lanes, core.MaxLanes)
-	}
-	if r.Claimers < 1 || r.Claimers > core.MaxClaimers {
-		p.bad("relay.claimers", "%d is not between 1 and %d", r.Claimers, core.MaxClaimers)
+	rejected, err := c.rejectedByCore()
+	p.add(err)
+	for _, k := range relayCounts(r) {
+		if k.v < 1 || rejected[k.field] {
+			p.bad(k.key, "%d is not between 1 and %d", k.v, k.max)
+		}
 	}
 	if int(c.Database.MaxConns) < r.Claimers+2 {
 		p.bad("database.max_conns", "%d is too few: each of relay.claimers %d open claims holds one, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
 	}
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{
-		{"relay.poll_interval", r.PollInterval}, {"relay.publish_timeout", r.PublishTimeout},
-		{"relay.shutdown_timeout", r.ShutdownTimeout}, {"relay.retry_min", r.RetryMin}, {"relay.retry_max", r.RetryMax},
-	} {
-		if d.v <= 0 {
-			p.bad(d.field, "must be a positive duration such as 500ms or 30s")
+	// Core refuses only negative durations, and a retry backoff out of
+	// order, which the checks below name by key.
+	for _, k := range relayDurations(r) {
+		if k.v <= 0 {
+			p.bad(k.key, "must be a positive duration such as 500ms or 30s")
 		}
 	}
 	p = append(p, c.validateLogMode()...)
@@ -283,6 +280,62 @@ func (c *Config) validateRelay() problems {
 		p.bad("database.idle_in_transaction_timeout", "%s must exceed relay.publish_timeout %s, or batches would be cut off mid-publish", t, r.PublishTimeout)
 	}
 	return p
+}
+
+// relayKey is a key of the relay section and the core.Options field it
+// sets, the field a core.OptionError names.
+type relayKey[T any] struct {
+	key, field string
+	v          T
+	max        T // for a count: core's upper bound
+}
+
+// relayCounts are the relay section's counts, 1 to core's maximum.
+func relayCounts(r RelayConfig) []relayKey[int] {
+	return []relayKey[int]{
+		{"relay.batch_size", "BatchSize", r.BatchSize, core.MaxBatchSize},
+		{"relay.lanes", "Lanes", r.Lanes, core.MaxLanes},
+		{"relay.claimers", "Claimers", r.Claimers, core.MaxClaimers},
+	}
+}
+
+// relayDurations are the relay section's durations, all positive.
+func relayDurations(r RelayConfig) []relayKey[time.Duration] {
+	return []relayKey[time.Duration]{
+		{key: "relay.poll_interval", field: "PollInterval", v: r.PollInterval},
+		{key: "relay.publish_timeout", field: "PublishTimeout", v: r.PublishTimeout},
+		{key: "relay.shutdown_timeout", field: "ShutdownTimeout", v: r.ShutdownTimeout},
+		{key: "relay.retry_min", field: "RetryBackoff", v: r.RetryMin},
+		{key: "relay.retry_max", field: "RetryBackoff", v: r.RetryMax},
+	}
+}
+
+// rejectedByCore returns the core.Options fields core refuses in the relay
+// section's options. Core names the first bad field; setting it to its
+// default and asking again names the next. An error that names no field
+// of the relay section is returned as it is.
+func (c *Config) rejectedByCore() (map[string]bool, error) {
+	known := map[string]bool{}
+	for _, k := range relayCounts(c.Relay) {
+		known[k.field] = true
+	}
+	for _, k := range relayDurations(c.Relay) {
+		known[k.field] = true
+	}
+	opts := c.RelayOptions(nil, nil)
+	rejected := map[string]bool{}
+	for {
+		_, err := opts.WithDefaults()
+		var oe *core.OptionError
+		if err == nil {
+			return rejected, nil
+		}
+		if !errors.As(err, &oe) || !known[oe.Field] || rejected[oe.Field] {
+			return rejected, err
+		}
+		rejected[oe.Field] = true
+		reflect.ValueOf(&opts).Elem().FieldByName(oe.Field).SetZero()
+	}
 }
 
 // validateLogMode checks relay.mode and the log relay's settings.
