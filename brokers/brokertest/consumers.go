@@ -93,6 +93,7 @@ type consumersRun struct {
 // service's consumer: services subscribe first, as a queue or subscription
 // created after an event was published never gets it.
 func newConsumersRun(t *testing.T, h ConsumerHarness) *consumersRun {
+	t.Helper()
 	pool, cfg := pgtest.Schema(t)
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
@@ -121,6 +122,7 @@ func newConsumersRun(t *testing.T, h ConsumerHarness) *consumersRun {
 
 // write writes every event with outbox.Writer, interleaving the aggregates.
 func (c *consumersRun) write(t *testing.T) {
+	t.Helper()
 	ctx := t.Context()
 	w, err := outbox.NewWriter(outbox.WriterOptions{Store: c.cfg})
 	if err != nil {
@@ -143,6 +145,7 @@ func (c *consumersRun) write(t *testing.T) {
 // relay starts the core relay through the adapter and waits until every
 // service acknowledged every event, written since start.
 func (c *consumersRun) relay(t *testing.T, start time.Time) *store.Store {
+	t.Helper()
 	ctx := t.Context()
 	st, err := store.New(c.pool, c.cfg, nil)
 	if err != nil {
@@ -169,6 +172,7 @@ func (c *consumersRun) relay(t *testing.T, start time.Time) *store.Store {
 // replay has an operator replay one aggregate's events and waits until
 // every service acknowledged the copies.
 func (c *consumersRun) replay(t *testing.T, st *store.Store) {
+	t.Helper()
 	replayed, err := st.Replay(t.Context(), store.Selector{AggregateID: c.aggs[1]}, store.ReplayOptions{})
 	if err != nil || replayed != consumerEvents {
 		t.Fatalf("replay %s: %d events, %v; want %d", c.aggs[1], replayed, err, consumerEvents)
@@ -185,6 +189,7 @@ func (c *consumersRun) dispatched(ctx context.Context, st *store.Store) func() b
 }
 
 func (c *consumersRun) waitAcked(t *testing.T, what string, n int) {
+	t.Helper()
 	for _, svc := range consumerServices {
 		d := c.counts[svc]
 		waitUntil(t, c.h.Timeout, svc+" to acknowledge "+what, func() bool { return d.acked() >= n })
@@ -194,6 +199,7 @@ func (c *consumersRun) waitAcked(t *testing.T, what string, n int) {
 // check says whether svc applied every event once and in order, recorded
 // each once, and (injected) had its one failed delivery redelivered.
 func (c *consumersRun) check(t *testing.T, svc string, injected bool) {
+	t.Helper()
 	d := c.counts[svc]
 	if injected && d.failed() != 1 {
 		t.Errorf("%s: %d failed deliveries, want the 1 injected", svc, d.failed())
