@@ -93,27 +93,22 @@ func (o Options) WithDefaults() (Options, error) {
 	// A Backoff is either unset (the default) or has 0 < Min <= Max: with
 	// a zero Min every retry would come at once.
 	badBackoff := func(b Backoff) bool { return b != (Backoff{}) && (b.Min <= 0 || b.Max < b.Min) }
-	checks := []struct {
-		name, want string
-		bad        bool
-	}{
-		{"BatchSize", fmt.Sprintf("0 (the default) to %d", MaxBatchSize), o.BatchSize < 0 || o.BatchSize > MaxBatchSize},
-		{"Lanes", fmt.Sprintf("0 (the default) to %d", MaxLanes), o.Lanes < 0 || o.Lanes > MaxLanes},
-		{"Claimers", fmt.Sprintf("0 (the default) to %d", MaxClaimers), o.Claimers < 0 || o.Claimers > MaxClaimers},
-		{"PollInterval", "not negative", o.PollInterval < 0},
-		{"PublishTimeout", "not negative", o.PublishTimeout < 0},
-		{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
-		{"ProbeInterval", "not negative", o.ProbeInterval < 0},
-		{"ProbeTimeout", "not negative", o.ProbeTimeout < 0},
-		{"StaleAfter", "not negative", o.StaleAfter < 0},
-		{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
-		{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
-		{"HandOffAfter", "-1 (never), 0 (the default) or more", o.HandOffAfter < -1},
-	}
-	for _, c := range checks {
-		if c.bad {
-			return o, fmt.Errorf("relay options: %s is invalid, want %s", c.name, c.want)
-		}
+	err := CheckOptions("relay options",
+		OptionCheck{"BatchSize", fmt.Sprintf("0 (the default) to %d", MaxBatchSize), o.BatchSize < 0 || o.BatchSize > MaxBatchSize},
+		OptionCheck{"Lanes", fmt.Sprintf("0 (the default) to %d", MaxLanes), o.Lanes < 0 || o.Lanes > MaxLanes},
+		OptionCheck{"Claimers", fmt.Sprintf("0 (the default) to %d", MaxClaimers), o.Claimers < 0 || o.Claimers > MaxClaimers},
+		OptionCheck{"PollInterval", "not negative", o.PollInterval < 0},
+		OptionCheck{"PublishTimeout", "not negative", o.PublishTimeout < 0},
+		OptionCheck{"ShutdownTimeout", "not negative", o.ShutdownTimeout < 0},
+		OptionCheck{"ProbeInterval", "not negative", o.ProbeInterval < 0},
+		OptionCheck{"ProbeTimeout", "not negative", o.ProbeTimeout < 0},
+		OptionCheck{"StaleAfter", "not negative", o.StaleAfter < 0},
+		OptionCheck{"RetryBackoff", "unset or 0 < Min <= Max", badBackoff(o.RetryBackoff)},
+		OptionCheck{"ErrorBackoff", "unset or 0 < Min <= Max", badBackoff(o.ErrorBackoff)},
+		OptionCheck{"HandOffAfter", "-1 (never), 0 (the default) or more", o.HandOffAfter < -1},
+	)
+	if err != nil {
+		return o, err
 	}
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -189,6 +184,8 @@ type Relay struct {
 	started    bool
 	done       chan struct{}
 	cancelWork context.CancelFunc
+	// holdErr is why the source's Hold (Holder) ended the relay.
+	holdErr error
 }
 
 // New returns a relay; it does not start it.
@@ -219,6 +216,8 @@ func New(store Source, pub Publisher, opts Options) (*Relay, error) {
 
 // Run relays until ctx is cancelled, then stops gracefully: the publishes
 // in flight finish and are recorded, bounded by Options.ShutdownTimeout.
+// A source's Hold (Holder) that ends first stops it too, and Run returns
+// Hold's error.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.Start(ctx); err != nil {
 		return err
@@ -263,7 +262,8 @@ func (r *Relay) Start(ctx context.Context) error {
 // and waits for it; claimed events no lane has started stay pending for
 // the next relay. When ctx ends first, in-flight publishes are cancelled
 // and left pending, what reached the broker is still recorded, and Stop
-// returns ctx's error once the relay has exited.
+// returns ctx's error once the relay has exited. When the source's Hold
+// (Holder) ended the relay, Stop returns Hold's error.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
 	done, cancel := r.done, r.cancelWork
@@ -275,7 +275,9 @@ func (r *Relay) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 		cancel()
-		return nil
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.holdErr
 	case <-ctx.Done():
 		cancel()
 		<-done
@@ -315,7 +317,47 @@ func (r *Relay) stopping() bool {
 	}
 }
 
+// hold runs the source's Hold and waits until it reports held. held is
+// false when the relay stops first or Hold returned: a Hold that ends
+// before the relay does stops it, with Hold's error. release ends Hold.
+func (r *Relay) hold(ctx context.Context, h Holder) (held bool, release func()) {
+	hctx, cancel := context.WithCancel(ctx)
+	heldc := make(chan struct{})
+	var once sync.Once
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		err := h.Hold(hctx, func() { once.Do(func() { close(heldc) }) })
+		if hctx.Err() != nil {
+			return // the relay ended it
+		}
+		if err == nil {
+			err = errors.New("the source's hold ended")
+		}
+		r.mu.Lock()
+		r.holdErr = err
+		r.mu.Unlock()
+		r.requestStop()
+	}()
+	release = func() { cancel(); <-ended }
+	select {
+	case <-heldc:
+		return true, release
+	case <-ended:
+	case <-r.stop:
+	case <-ctx.Done():
+	}
+	return false, release
+}
+
 func (r *Relay) loop(ctx context.Context) {
+	if h, ok := r.store.(Holder); ok {
+		held, release := r.hold(ctx, h)
+		defer release() // once the last claim is recorded
+		if !held {
+			return
+		}
+	}
 	if n, ok := r.store.(Notifier); ok && !r.opts.DisableWakeups {
 		lctx, cancel := context.WithCancel(ctx)
 		listening := make(chan struct{})

@@ -109,12 +109,15 @@ func CheckDeliverAt(t time.Time) error {
 	return nil
 }
 
+// ErrNotUUID is wrapped by ParseID's error for an id that is not a UUID.
+var ErrNotUUID = errors.New("not a UUID")
+
 // ParseID reads an event id: a UUID in any form uuid.Parse accepts,
-// returned in its canonical form.
+// returned in its canonical form. The error wraps ErrNotUUID.
 func ParseID(id string) (string, error) {
 	u, err := uuid.Parse(id)
 	if err != nil {
-		return "", fmt.Errorf("%q is not a UUID", Short(id))
+		return "", fmt.Errorf("%q is %w", Short(id), ErrNotUUID)
 	}
 	return u.String(), nil
 }

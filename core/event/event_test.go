@@ -134,11 +134,27 @@ func TestParseID(t *testing.T) {
 	if got, err := event.ParseID(strings.ToUpper(id)); err != nil || got != id {
 		t.Errorf("ParseID(upper case) = %q, %v; want the canonical form", got, err)
 	}
-	if _, err := event.ParseID("abc"); err == nil || err.Error() != `"abc" is not a UUID` {
-		t.Errorf("ParseID(abc) = %v", err)
+	if _, err := event.ParseID("abc"); err == nil || err.Error() != `"abc" is not a UUID` || !errors.Is(err, event.ErrNotUUID) {
+		t.Errorf("ParseID(abc) = %v, want one wrapping ErrNotUUID", err)
 	}
 	if _, err := event.ParseID(strings.Repeat("x", 100)); err == nil || !strings.Contains(err.Error(), "...") {
 		t.Errorf("a long id is not cut in the error: %v", err)
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"}, {"abc", 3, "abc"}, {"abcd", 3, "abc"},
+		{"aé", 2, "a"}, // é is two bytes: not split
+		{"aé", 3, "aé"}, {"€", 2, ""}, {"", 0, ""},
+	} {
+		if got := event.Truncate(tc.s, tc.n); got != tc.want {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
 	}
 }
 

@@ -26,13 +26,13 @@ func CheckRow(typ string, headers *string, size int64, maxEventBytes int) (map[s
 	}
 	var h map[string]string
 	if err := json.Unmarshal([]byte(*headers), &h); err != nil {
-		return h, fmt.Errorf("headers are not a JSON object of strings: %s", truncate(*headers, 200))
+		return h, fmt.Errorf("headers are not a JSON object of strings: %s", Truncate(*headers, 200))
 	}
 	return h, nil
 }
 
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
+// Truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
