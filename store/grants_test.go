@@ -320,17 +320,20 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	// The relay records the slot it reads; a producer's log-only write
 	// reads the record (and is refused here only because no such slot
 	// exists).
-	lt, err := store.NewLogTable(f.cfg)
+	cfg, err := f.cfg.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lt.RecordSlot(ctx, f.relay, "no_such_slot", "no_such_publication"); err != nil {
+	slots := cfg.Names().LogSlot
+	if _, err := f.relay.Exec(ctx, `INSERT INTO `+slots+` AS s (slot_name, publication) VALUES ('no_such_slot', 'no_such_publication')
+ON CONFLICT (one) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication`); err != nil {
 		t.Errorf("relay records its slot: %v", err)
 	}
-	if err := lt.RecordPosition(ctx, f.relay, "no_such_slot", "0/1000"); err != nil {
+	if _, err := f.relay.Exec(ctx, `UPDATE `+slots+` SET confirmed_lsn = '0/1000' WHERE slot_name = 'no_such_slot'`); err != nil {
 		t.Errorf("relay records its position: %v", err)
 	}
-	if lsn, err := lt.Position(ctx, f.relay, "no_such_slot"); err != nil || lsn != "0/1000" {
+	var lsn string
+	if err := f.relay.QueryRow(ctx, `SELECT confirmed_lsn::text FROM `+slots+` WHERE slot_name = 'no_such_slot'`).Scan(&lsn); err != nil || lsn != "0/1000" {
 		t.Errorf("relay reads its position: %q, %v", lsn, err)
 	}
 	fn, err := f.cfg.LogWriteFunc()

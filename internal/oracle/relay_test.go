@@ -77,7 +77,15 @@ func (d *driver) start() {
 		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second,
 		ApplicationName: r.name,
 	}
-	pair, err := logrelay.NewPair(r.pool, d.pub, lo, ro)
+	hc, err := logrelay.HandOffConfig(d.cfg)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	handoff, err := store.New(r.pool, hc, nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	pair, err := logrelay.NewPair(r.pool, d.pub, lo, handoff, ro)
 	if err != nil {
 		d.t.Fatal(err)
 	}

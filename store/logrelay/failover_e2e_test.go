@@ -161,7 +161,7 @@ sync_replication_slots = on
 		StandbyInterval: 200 * time.Millisecond, StatusInterval: 200 * time.Millisecond,
 		ReceiveTimeout: 3 * time.Second, WALSenderTimeout: 3 * time.Second,
 	}
-	pair, err := logrelay.NewPair(pool, logPub, o, core.Options{PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+	pair, err := logrelay.NewPair(pool, logPub, o, handOff(t, pool, o, testLogger(t)), core.Options{PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -725,7 +725,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 
 // An event committed right after an unpark or a replay of its aggregate
 // follows the rows the command handed off, though nothing but the log
-// tells the relay of the command (store.LogTable.HandOffPrefix).
+// tells the relay of the command (logTable.handOffPrefix).
 func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 	for _, table := range []bool{true, false} {
 		t.Run(map[bool]string{true: "rows", false: "messages"}[table], func(t *testing.T) {

@@ -151,7 +151,7 @@ func (e *env) start(pub core.Publisher, o logrelay.Options) *running {
 // log relay with o and the table path beside it, publishing to pub.
 func (e *env) startPair(pub core.Publisher, o logrelay.Options) *running {
 	e.t.Helper()
-	p, err := logrelay.NewPair(e.pool, pub, o, core.Options{PollInterval: 50 * time.Millisecond})
+	p, err := logrelay.NewPair(e.pool, pub, o, handOff(e.t, e.pool, o, nil), core.Options{PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -160,6 +160,21 @@ func (e *env) startPair(pub core.Publisher, o logrelay.Options) *running {
 	go func() { run.done <- p.Run(ctx) }()
 	e.t.Cleanup(func() { run.stop(e.t) })
 	return run
+}
+
+// handOff is the table source over the handoff view of o's outbox, as
+// the caller of NewPair builds it.
+func handOff(t *testing.T, pool *pgxpool.Pool, o logrelay.Options, log *slog.Logger) core.Source {
+	t.Helper()
+	hc, err := logrelay.HandOffConfig(o.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := store.New(pool, hc, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }
 
 func startRelay(t *testing.T, pool *pgxpool.Pool, pub core.Publisher, o logrelay.Options) *running {

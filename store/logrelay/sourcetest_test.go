@@ -64,7 +64,7 @@ func (in *logInstance) Start(t *testing.T, pub core.Publisher, obs core.Observer
 	o := in.e.opts()
 	o.ApplicationName, o.Observer = proc.Name, obs
 	o.MaxInFlight, o.PublishTimeout = logReadAhead, 10*time.Second
-	p, err := logrelay.NewPair(proc.Pool, pub, o, core.Options{
+	p, err := logrelay.NewPair(proc.Pool, pub, o, handOff(t, proc.Pool, o, nil), core.Options{
 		PollInterval: 50 * time.Millisecond, PublishTimeout: 10 * time.Second, Observer: obs,
 		RetryBackoff: o.RetryBackoff, ErrorBackoff: o.ErrorBackoff,
 	})

@@ -35,7 +35,16 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 	if lo.Slot, err = lo.Slot.Resolve(ctx, pool, st.Config()); err != nil {
 		return err
 	}
-	pair, err := logrelay.NewPair(pool, pub, lo, e.cfg.RelayOptions(e.log.With("path", "table"), obs))
+	hc, err := logrelay.HandOffConfig(lo.Store)
+	if err != nil {
+		return usageError(err)
+	}
+	tableOpts := e.cfg.RelayOptions(e.log.With("path", "table"), obs)
+	handoff, err := store.New(pool, hc, tableOpts.Logger)
+	if err != nil {
+		return usageError(err)
+	}
+	pair, err := logrelay.NewPair(pool, pub, lo, handoff, tableOpts)
 	if err != nil {
 		return usageError(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 func relayCmd() *cobra.Command {
@@ -111,27 +110,9 @@ func (e *app) runRelay(ctx context.Context) error {
 	e.log.Info("relay starting", "database", Redact(e.cfg.DatabaseURL), "table", sc.Schema+"."+sc.Table,
 		"broker", e.cfg.Broker, "ordered", !e.cfg.Relay.Unordered, "wakeups", e.cfg.Relay.Wakeups,
 		"batch_size", e.cfg.Relay.BatchSize, "lanes", e.cfg.Relay.Lanes)
-	// Refused while log relays read this outbox's slot (and they refuse
-	// while this runs): both would publish every row.
-	lock, err := logrelay.LockTableMode(ctx, st.Pool(), sc)
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
-	defer lock.Release()
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	watched := make(chan error, 1)
-	go func() {
-		err := lock.Watch(rctx)
-		stop()
-		watched <- err
-	}()
-	err = relay.Run(rctx)
-	stop()
-	if werr := <-watched; werr != nil {
-		return fmt.Errorf("relay: %w", werr)
-	}
-	if err != nil {
+	// The table source holds the table-mode lock itself: refused while
+	// log relays read this outbox's slot (and they refuse while it runs).
+	if err := relay.Run(ctx); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	e.log.Info("relay stopped")

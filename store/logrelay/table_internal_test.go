@@ -1,4 +1,4 @@
-package store_test
+package logrelay
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
 )
 
 // TestLogTable holds the contract of the log relay's statements: marks
@@ -21,7 +21,7 @@ import (
 func TestLogTable(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	ctx := context.Background()
-	lt, err := store.NewLogTable(cfg)
+	lt, err := newLogTable(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +36,8 @@ RETURNING seq`, agg).Scan(&seq); err != nil {
 	}
 	a, b := insert("agg-a"), insert("agg-a")
 
-	t.Run("MarkDispatched", func(t *testing.T) {
-		missing, err := lt.MarkDispatched(ctx, pool, []int64{a, 999999})
+	t.Run("markDispatched", func(t *testing.T) {
+		missing, err := lt.markDispatched(ctx, pool, []int64{a, 999999})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,31 +45,31 @@ RETURNING seq`, agg).Scan(&seq); err != nil {
 			t.Fatalf("missing = %v, want [999999]: a row that does not exist is missing, a marked one is not", missing)
 		}
 		// Again: a is dispatched already, which is not missing.
-		if missing, err = lt.MarkDispatched(ctx, pool, []int64{a}); err != nil || len(missing) != 0 {
+		if missing, err = lt.markDispatched(ctx, pool, []int64{a}); err != nil || len(missing) != 0 {
 			t.Fatalf("mark again = %v, %v; want nothing missing", missing, err)
 		}
 	})
 
-	t.Run("HandRow", func(t *testing.T) {
+	t.Run("handRow", func(t *testing.T) {
 		var bID string
 		if err := pool.QueryRow(ctx, `SELECT event_id::text FROM `+table+` WHERE seq = $1`, b).Scan(&bID); err != nil {
 			t.Fatal(err)
 		}
-		seq, found, err := lt.HandRow(ctx, pool, b, bID, nil)
+		seq, found, err := lt.handRow(ctx, pool, b, bID, nil, 0)
 		if err != nil || !found || seq <= b {
 			t.Fatalf("hand row %d = %d, %v, %v; want a fresh seq above it", b, seq, found, err)
 		}
-		aggs, err := lt.HandedOffAggregates(ctx, pool)
+		aggs, err := lt.handedOffAggregates(ctx, pool)
 		if err != nil || len(aggs) != 1 || aggs[0] != "agg-a" {
 			t.Fatalf("handed-off aggregates = %v, %v; want [agg-a]", aggs, err)
 		}
 		// The old seq is gone; the row is found handed off: a replay.
-		again, found, err := lt.HandRow(ctx, pool, b, bID, nil)
+		again, found, err := lt.handRow(ctx, pool, b, bID, nil, 0)
 		if err != nil || again != 0 || !found {
 			t.Fatalf("hand row again = %d, %v, %v; want 0, found", again, found, err)
 		}
 		// Handed again under its new seq, failed: held, same seq.
-		held, _, err := lt.HandRow(ctx, pool, seq, bID, &store.Failed{Reason: "broker refused"})
+		held, _, err := lt.handRow(ctx, pool, seq, bID, &core.Failure{Seq: seq, Reason: "broker refused"}, 0)
 		if err != nil || held != seq {
 			t.Fatalf("hold row = %d, %v; want %d", held, err, seq)
 		}
@@ -81,39 +81,39 @@ RETURNING seq`, agg).Scan(&seq); err != nil {
 		if !heldForGood || lastError != "broker refused" {
 			t.Fatalf("held = %v, last_error = %q; want held with the reason", heldForGood, lastError)
 		}
-		if pending, err := lt.AggregateHandedOff(ctx, pool, "agg-a"); err != nil || !pending {
+		if pending, err := lt.aggregateHandedOff(ctx, pool, "agg-a"); err != nil || !pending {
 			t.Fatalf("agg-a handed off = %v, %v; want true (held rows hold the aggregate)", pending, err)
 		}
 		// A row whose transaction this session cannot see is not found.
-		if _, found, err := lt.HandRow(ctx, pool, 999999, uuid.NewString(), nil); err != nil || found {
+		if _, found, err := lt.handRow(ctx, pool, 999999, uuid.NewString(), nil, 0); err != nil || found {
 			t.Fatalf("hand a missing row = %v, %v; want not found", found, err)
 		}
 	})
 
-	t.Run("InsertEvent", func(t *testing.T) {
+	t.Run("insertEvent", func(t *testing.T) {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		ev := store.LogEvent{ID: uuid.NewString(), AggregateID: "agg-m", Type: "order.placed", ContentType: "application/json",
+		ev := logEvent{ID: uuid.NewString(), AggregateID: "agg-m", Type: "order.placed", ContentType: "application/json",
 			Payload: []byte(`{"n":1}`), CreatedAt: time.Now()}
-		if err := lt.InsertEvent(ctx, tx, ev, nil); err != nil {
+		if err := lt.insertEvent(ctx, tx, ev, nil, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := lt.InsertEvent(ctx, tx, ev, nil); err != nil { // read again after a crash
+		if err := lt.insertEvent(ctx, tx, ev, nil, 0); err != nil { // read again after a crash
 			t.Fatalf("insert the same event again: %v", err)
 		}
 		bad := ev
 		bad.ID, bad.Payload = uuid.NewString(), []byte(`{not json`)
-		err = lt.InsertEvent(ctx, tx, bad, nil)
-		var refused *store.RefusedError
+		err = lt.insertEvent(ctx, tx, bad, nil, 0)
+		var refused *refusedError
 		if !errors.As(err, &refused) {
-			t.Fatalf("insert an event the table refuses = %v, want a *store.RefusedError", err)
+			t.Fatalf("insert an event the table refuses = %v, want a *refusedError", err)
 		}
 		// The transaction is still usable: the refused event is kept as
 		// unreadable, even under an id that is not a UUID.
-		if err := lt.InsertUnreadable(ctx, tx, store.Unreadable{Raw: []byte(`{not json`), ID: "not-a-uuid", AggregateID: "agg-m",
+		if err := lt.insertUnreadable(ctx, tx, unreadable{Raw: []byte(`{not json`), ID: "not-a-uuid", AggregateID: "agg-m",
 			CreatedAt: time.Now(), Reason: refused.Error()}); err != nil {
 			t.Fatal(err)
 		}
