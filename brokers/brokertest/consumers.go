@@ -22,6 +22,8 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // ConsumerHarness connects RunConsumers to one broker: the relay's
@@ -115,7 +117,11 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 		}
 	}
 
-	st, err := store.New(pool, cfg, nil)
+	st, err := table.New(pool, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := admin.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +136,7 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 	}
 	t.Cleanup(func() { _ = relay.Stop(context.Background()) })
 	dispatched := func() bool {
-		s, err := st.Status(ctx, store.StatusOptions{})
+		s, err := ad.Status(ctx, admin.StatusOptions{})
 		return err == nil && s.Pending == 0
 	}
 	waitUntil(t, h.Timeout, "the relay to dispatch every event", dispatched)
@@ -142,7 +148,7 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 		waitUntil(t, h.Timeout, svc+" to acknowledge every event", func() bool { return counts[svc].acked() >= total })
 	}
 
-	replayed, err := st.Replay(ctx, store.Selector{AggregateID: aggs[1]}, store.ReplayOptions{})
+	replayed, err := ad.Replay(ctx, admin.Selector{AggregateID: aggs[1]}, admin.ReplayOptions{})
 	if err != nil || replayed != consumerEvents {
 		t.Fatalf("replay %s: %d events, %v; want %d", aggs[1], replayed, err, consumerEvents)
 	}
