@@ -15,6 +15,7 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 func TestNewRejectsBadOptions(t *testing.T) {
@@ -287,7 +288,7 @@ func TestProcessUsesConfiguredTable(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	ctx := context.Background()
 	custom := store.Config{Schema: cfg.Schema, Table: "orders outbox", ProcessedTable: "Inbox"}
-	if _, err := store.Migrate(ctx, pool, custom); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, custom); err != nil {
 		t.Fatal(err)
 	}
 	d, err := dedupe.New(pool, dedupe.Options{Consumer: "billing", Store: custom})

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext[pgx.Tx](msg.Context()) }
@@ -77,7 +78,7 @@ func TestRelayReplayMovesBalanceOnce(t *testing.T) {
 		topic := randomName("orders_")
 		o := startRouter(t, b.newSubscriber(t, "loyalty"), topic, l.handler, d.Middleware)
 
-		st, err := store.New(pool, cfg, nil)
+		st, err := table.New(pool, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

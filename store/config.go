@@ -126,8 +126,8 @@ func checkName(s string) error {
 	return nil
 }
 
-// literal quotes s as an SQL string literal.
-func literal(s string) string {
+// Literal quotes s as an SQL string literal.
+func Literal(s string) string {
 	return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(s) + "'"
 }
 
@@ -138,7 +138,7 @@ func (c Config) LogWriteFunc() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return c.names().LogWriteFunc, nil
+	return c.Names().LogWriteFunc, nil
 }
 
 // autoIndexName is the name PostgreSQL gives CREATE INDEX ON table (column)
@@ -167,11 +167,11 @@ func clipUTF8(s string, n int) string {
 	return s[:n]
 }
 
-// ident quotes a possibly schema-qualified name for SQL.
-func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
+// Ident quotes a possibly schema-qualified name for SQL.
+func Ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 
-// names are the quoted SQL names derived from a Config.
-type names struct {
+// Names are the quoted SQL names derived from a Config.
+type Names struct {
 	Schema, Outbox, Processed, Migrations              string
 	PendingIdx, AggregateIdx, RetryIdx, ProcessedAtIdx string
 	EventIDIdx, TypeCheck, HeadersCheck, NotifyTrigger string
@@ -191,57 +191,65 @@ type names struct {
 	KeySyncFunc, KeySyncTrigger, KeyNotNull            string // migration 7's new column, until the swap
 	AggregateIdxNew, RetryIdxNew                       string
 	Channel                                            string // raw, for pg_notify and LISTEN
+	WakeKey                                            string // raw, the sleeping relay's lock key (see WakeKeyLiteral)
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
 
-func (c Config) names() names {
-	return names{
-		Schema:         ident(c.Schema),
-		Outbox:         ident(c.Schema, c.Table),
-		Processed:      ident(c.Schema, c.ProcessedTable),
-		Migrations:     ident(c.Schema, c.Table+"_migrations"),
-		PendingIdx:     ident(c.Table + "_pending"),
-		AggregateIdx:   ident(c.Table + "_pending_agg"),
-		RetryIdx:       ident(c.Table + "_retrying"),
-		ProcessedAtIdx: ident(c.ProcessedTable + "_at"),
-		EventIDIdx:     ident(c.Table + "_uid"), // named before migration 5 renamed the column
-		TypeCheck:      ident(c.Table + "_type_check"),
-		HeadersCheck:   ident(c.Table + "_headers_check"),
-		NotifyTrigger:  ident(c.Table + "_notify"),
-		EventIDFunc:    ident(c.Schema, c.Table+"_uuidv7"),
-		NotifyFunc:     ident(c.Schema, c.Table+"_notify"),
-		HandoffView:    ident(c.Schema, c.Table+"_handoff"),
-		HandoffIdx:     ident(c.Table + "_handoff_agg"),
-		FailedIdx:      ident(c.Table + "_failed"),
-		PartitionIdx:   ident(c.Table + "_pending_part"),
-		RowCheck:       ident(c.Table + "_row_check"),
-		RowCheckFunc:   ident(c.Schema, c.Table+"_check_row"),
-		WakeKeyLiteral: literal(wakeKey(c.Schema, c.Table)),
-		DispatchedIdx:  ident(autoIndexName(c.Table, "dispatched_at")),
-		ParkedIdx:      ident(autoIndexName(c.Table, "id")),
+// Names returns the quoted SQL names of the objects c names. c must have
+// its defaults filled in (WithDefaults).
+func (c Config) Names() Names {
+	return Names{
+		Schema:         Ident(c.Schema),
+		Outbox:         Ident(c.Schema, c.Table),
+		Processed:      Ident(c.Schema, c.ProcessedTable),
+		Migrations:     Ident(c.Schema, c.Table+"_migrations"),
+		PendingIdx:     Ident(c.Table + "_pending"),
+		AggregateIdx:   Ident(c.Table + "_pending_agg"),
+		RetryIdx:       Ident(c.Table + "_retrying"),
+		ProcessedAtIdx: Ident(c.ProcessedTable + "_at"),
+		EventIDIdx:     Ident(c.Table + "_uid"), // named before migration 5 renamed the column
+		TypeCheck:      Ident(c.Table + "_type_check"),
+		HeadersCheck:   Ident(c.Table + "_headers_check"),
+		NotifyTrigger:  Ident(c.Table + "_notify"),
+		EventIDFunc:    Ident(c.Schema, c.Table+"_uuidv7"),
+		NotifyFunc:     Ident(c.Schema, c.Table+"_notify"),
+		HandoffView:    Ident(c.Schema, c.Table+"_handoff"),
+		HandoffIdx:     Ident(c.Table + "_handoff_agg"),
+		FailedIdx:      Ident(c.Table + "_failed"),
+		PartitionIdx:   Ident(c.Table + "_pending_part"),
+		RowCheck:       Ident(c.Table + "_row_check"),
+		RowCheckFunc:   Ident(c.Schema, c.Table+"_check_row"),
+		WakeKeyLiteral: Literal(wakeKey(c.Schema, c.Table)),
+		WakeKey:        wakeKey(c.Schema, c.Table),
+		DispatchedIdx:  Ident(autoIndexName(c.Table, "dispatched_at")),
+		ParkedIdx:      Ident(autoIndexName(c.Table, "id")),
 
-		KeySyncFunc:     ident(c.Schema, c.Table+"_key_sync"),
-		KeySyncTrigger:  ident(c.Table + "_key_sync"),
-		KeyNotNull:      ident(c.Table + "_key_notnull"),
-		AggregateIdxNew: ident(c.Table + "_agg_new"),
-		RetryIdxNew:     ident(c.Table + "_retry_new"),
+		KeySyncFunc:     Ident(c.Schema, c.Table+"_key_sync"),
+		KeySyncTrigger:  Ident(c.Table + "_key_sync"),
+		KeyNotNull:      Ident(c.Table + "_key_notnull"),
+		AggregateIdxNew: Ident(c.Table + "_agg_new"),
+		RetryIdxNew:     Ident(c.Table + "_retry_new"),
 
-		KeyCheck:             ident(c.Table + "_key_check"),
-		PayloadCheck:         ident(c.Table + "_payload_check"),
-		ContentTypeCheck:     ident(c.Table + "_ctype_check"),
-		TopicCheck:           ident(c.Table + "_topic_check"),
-		DeliverCheck:         ident(c.Table + "_deliver_check"),
-		ReservedCheck:        ident(c.Table + "_reserved_check"),
-		WriteFunc:            ident(c.Schema, c.Table+"_write"),
-		ScheduleFunc:         ident(c.Schema, c.Table+"_schedule"),
-		ScheduleTrigger:      ident(c.Table + "_schedule"),
-		LogWriteFunc:         ident(c.Schema, c.Table+"_log_write"),
-		LogSlot:              ident(c.Schema, c.Table+"_log_slot"),
-		LogPrefixLiteral:     literal(event.MessagePrefix(c.Schema, c.Table)),
-		HandOffPrefixLiteral: literal(handOffPrefix(c.Schema, c.Table)),
-		SchemaLiteral:        literal(c.Schema),
-		TableLiteral:         literal(c.Table),
+		KeyCheck:             Ident(c.Table + "_key_check"),
+		PayloadCheck:         Ident(c.Table + "_payload_check"),
+		ContentTypeCheck:     Ident(c.Table + "_ctype_check"),
+		TopicCheck:           Ident(c.Table + "_topic_check"),
+		DeliverCheck:         Ident(c.Table + "_deliver_check"),
+		ReservedCheck:        Ident(c.Table + "_reserved_check"),
+		WriteFunc:            Ident(c.Schema, c.Table+"_write"),
+		ScheduleFunc:         Ident(c.Schema, c.Table+"_schedule"),
+		ScheduleTrigger:      Ident(c.Table + "_schedule"),
+		LogWriteFunc:         Ident(c.Schema, c.Table+"_log_write"),
+		LogSlot:              Ident(c.Schema, c.Table+"_log_slot"),
+		LogPrefixLiteral:     Literal(event.MessagePrefix(c.Schema, c.Table)),
+		HandOffPrefixLiteral: Literal(HandOffPrefix(c.Schema, c.Table)),
+		SchemaLiteral:        Literal(c.Schema),
+		TableLiteral:         Literal(c.Table),
 		Channel:              c.NotifyChannel,
-		ChannelLiteral:       literal(c.NotifyChannel),
+		ChannelLiteral:       Literal(c.NotifyChannel),
 	}
 }
+
+// wakeKey is the text whose hash is the advisory lock a sleeping relay
+// holds and a writing producer tries shared (the notify trigger's WHEN).
+func wakeKey(schema, table string) string { return "outbox-wake:" + schema + "." + table }

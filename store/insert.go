@@ -39,7 +39,7 @@ func NewInsert(cfg Config) (*Insert, error) {
 	if err != nil {
 		return nil, err
 	}
-	cols := `INSERT INTO ` + cfg.names().Outbox + ` (event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, deliver_at, headers)`
+	cols := `INSERT INTO ` + cfg.Names().Outbox + ` (event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, deliver_at, headers)`
 	head := cols + `
 SELECT * FROM unnest(`
 	// pgx sends arrays in binary. database/sql drivers differ in what they
@@ -55,7 +55,7 @@ VALUES ($1::text::uuid, $2::text, $3::text, $4::text::json, $5::bytea, $6::text,
 }
 
 // Exec inserts rows with tx, usually the caller's own transaction.
-func (i *Insert) Exec(ctx context.Context, tx Execer, rows InsertRows) error {
+func (i *Insert) Exec(ctx context.Context, tx DBTX, rows InsertRows) error {
 	n := len(rows.IDs)
 	if n == 1 {
 		if _, err := tx.Exec(ctx, i.one, rows.row(0)...); err != nil {

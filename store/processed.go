@@ -16,8 +16,8 @@ type Processed struct {
 	record, cleanup string
 }
 
-// Execer runs a statement: a pgx.Tx, a *pgxpool.Pool or a *pgx.Conn.
-type Execer interface {
+// DBTX runs a statement: a pgx.Tx, a *pgxpool.Pool or a *pgx.Conn.
+type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
@@ -27,7 +27,7 @@ func NewProcessed(cfg Config) (*Processed, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := cfg.names().Processed
+	t := cfg.Names().Processed
 	return &Processed{
 		// Reports a new event as one affected row and a known one as none.
 		// A concurrent transaction holding the same uncommitted row makes
@@ -56,7 +56,7 @@ func (p *Processed) Record(ctx context.Context, tx pgx.Tx, consumer, eventID str
 
 // CleanupBatch deletes up to limit of consumer's records older than
 // olderThan and returns how many it deleted.
-func (p *Processed) CleanupBatch(ctx context.Context, db Execer, consumer string, olderThan time.Duration, limit int) (int64, error) {
+func (p *Processed) CleanupBatch(ctx context.Context, db DBTX, consumer string, olderThan time.Duration, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, p.cleanup, consumer, olderThan.Microseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete processed events: %w", err)

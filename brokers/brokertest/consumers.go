@@ -22,6 +22,8 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // ConsumerHarness connects RunConsumers to one broker: the relay's
@@ -70,8 +72,8 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 	c := newConsumersRun(t, h)
 	start := time.Now()
 	c.write(t)
-	st := c.relay(t, start)
-	c.replay(t, st)
+	ad := c.relay(t, start)
+	c.replay(t, ad)
 	for i, svc := range consumerServices {
 		c.check(t, svc, i == 0)
 	}
@@ -143,11 +145,16 @@ func (c *consumersRun) write(t *testing.T) {
 }
 
 // relay starts the core relay through the adapter and waits until every
-// service acknowledged every event, written since start.
-func (c *consumersRun) relay(t *testing.T, start time.Time) *store.Store {
+// service acknowledged every event, written since start. It returns the
+// operator's view of the outbox.
+func (c *consumersRun) relay(t *testing.T, start time.Time) *admin.Admin {
 	t.Helper()
 	ctx := t.Context()
-	st, err := store.New(c.pool, c.cfg, nil)
+	st, err := table.New(c.pool, c.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := admin.New(c.pool, c.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,29 +168,29 @@ func (c *consumersRun) relay(t *testing.T, start time.Time) *store.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = relay.Stop(context.Background()) })
-	waitUntil(t, c.h.Timeout, "the relay to dispatch every event", c.dispatched(ctx, st))
+	waitUntil(t, c.h.Timeout, "the relay to dispatch every event", c.dispatched(ctx, ad))
 	t.Logf("relayed %d events in %v", consumerAggregates*consumerEvents, time.Since(start).Round(time.Millisecond))
 	// Every service must have had every event before the replay, or a
 	// replayed copy could be the first one a service sees.
 	c.waitAcked(t, "every event", consumerAggregates*consumerEvents)
-	return st
+	return ad
 }
 
 // replay has an operator replay one aggregate's events and waits until
 // every service acknowledged the copies.
-func (c *consumersRun) replay(t *testing.T, st *store.Store) {
+func (c *consumersRun) replay(t *testing.T, ad *admin.Admin) {
 	t.Helper()
-	replayed, err := st.Replay(t.Context(), store.Selector{AggregateID: c.aggs[1]}, store.ReplayOptions{})
+	replayed, err := ad.Replay(t.Context(), admin.Selector{AggregateID: c.aggs[1]}, admin.ReplayOptions{})
 	if err != nil || replayed != consumerEvents {
 		t.Fatalf("replay %s: %d events, %v; want %d", c.aggs[1], replayed, err, consumerEvents)
 	}
-	waitUntil(t, c.h.Timeout, "the relay to publish the replayed events", c.dispatched(t.Context(), st))
+	waitUntil(t, c.h.Timeout, "the relay to publish the replayed events", c.dispatched(t.Context(), ad))
 	c.waitAcked(t, "the replayed copies", consumerAggregates*consumerEvents+consumerEvents)
 }
 
-func (c *consumersRun) dispatched(ctx context.Context, st *store.Store) func() bool {
+func (c *consumersRun) dispatched(ctx context.Context, ad *admin.Admin) func() bool {
 	return func() bool {
-		s, err := st.Status(ctx, store.StatusOptions{})
+		s, err := ad.Status(ctx, admin.StatusOptions{})
 		return err == nil && s.Pending == 0
 	}
 }

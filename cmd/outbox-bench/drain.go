@@ -22,6 +22,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 // rate is a count of events over a time.
@@ -196,7 +197,7 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 			return drainResult{}, err
 		}
 		pools = append(pools, pool)
-		st, err := store.New(pool, cfg, b.log)
+		st, err := tablesrc.New(pool, cfg, b.log)
 		if err != nil {
 			return drainResult{}, fmt.Errorf("new store: %w", err)
 		}

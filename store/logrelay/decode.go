@@ -21,25 +21,59 @@ import (
 // handed to the table (the relay's own inserts of log-only events), or one
 // inserted dispatched or parked.
 func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commit time.Time, cfg store.Config) (it *item, skip bool) {
-	col := map[string]*string{}
-	if tuple != nil {
-		for i, c := range tuple.Columns {
-			if i >= len(rel.Columns) {
-				break
-			}
-			if c.DataType == pglogrepl.TupleDataTypeText || c.DataType == pglogrepl.TupleDataTypeBinary {
-				v := string(c.Data)
-				col[rel.Columns[i].Name] = &v
-			}
-		}
-	}
+	col := columns(rel, tuple)
 	if col["handoff_at"] != nil || col["dispatched_at"] != nil || col["parked_at"] != nil {
 		return nil, true
 	}
-	it = &item{row: true}
-	e := &it.ev
-	e.CreatedAt = commit
-	var bad []string
+	row, bad, ok := rowFromText(col, commit)
+	if !ok {
+		// Without its seq the row cannot be marked or held: nothing to
+		// do but leave it pending for the table's operators.
+		return nil, true
+	}
+	deliverAt, wait := waits(col, row.Attempts)
+	// The table source's check of a claimed row.
+	ev, err := row.Event(cfg.MaxEventBytes)
+	it = &item{ev: ev, row: true, size: row.Size}
+	switch {
+	case wait:
+		// The table path's, which checks it when it claims it.
+		it.wait = true
+	case len(bad) > 0:
+		it.ev.Payload, it.ev.Headers = nil, nil
+		it.bad = fmt.Errorf("row %d: %s", row.Seq, strings.Join(bad, ", "))
+		it.deliverAt = deliverAt
+	default:
+		it.bad = err
+		it.deliverAt = deliverAt
+	}
+	return it, false
+}
+
+// columns maps the names of rel's columns to tuple's values, as text;
+// a NULL or unchanged value is absent.
+func columns(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) map[string]*string {
+	col := map[string]*string{}
+	if tuple == nil {
+		return col
+	}
+	for i, c := range tuple.Columns {
+		if i >= len(rel.Columns) {
+			break
+		}
+		if c.DataType == pglogrepl.TupleDataTypeText || c.DataType == pglogrepl.TupleDataTypeBinary {
+			v := string(c.Data)
+			col[rel.Columns[i].Name] = &v
+		}
+	}
+	return col
+}
+
+// rowFromText reads a row's columns, as the stream sends them, into a
+// store.Row (its CreatedAt the commit time unless created_at is
+// readable); bad lists what is missing or unreadable. ok is false when
+// the seq is.
+func rowFromText(col map[string]*string, commit time.Time) (row store.Row, bad []string, ok bool) {
 	str := func(name string) string {
 		if v := col[name]; v != nil {
 			return *v
@@ -47,59 +81,51 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commi
 		bad = append(bad, name+" is missing")
 		return ""
 	}
-	if seq, err := strconv.ParseInt(str("seq"), 10, 64); err == nil {
-		e.Seq = seq
-	} else {
-		// Without its seq the row cannot be marked or held: nothing to
-		// do but leave it pending for the table's operators.
-		return nil, true
+	seq, err := strconv.ParseInt(str("seq"), 10, 64)
+	if err != nil {
+		return row, nil, false
 	}
-	e.ID = str("event_id")
-	e.AggregateID = str("aggregate_id")
-	e.Type = str("type")
+	row = store.Row{Seq: seq, ID: str("event_id"), AggregateID: str("aggregate_id"), Type: str("type"),
+		ContentType: col["content_type"], Topic: col["topic"], Headers: col["headers"], CreatedAt: commit}
 	// One of the two payload columns is set (the table checks it): JSON
 	// in payload, any other content type's bytes in payload_bytes.
-	var payload []byte
 	if v := col["payload"]; v != nil {
-		payload = []byte(*v)
+		row.Payload = []byte(*v)
 	} else if v := col["payload_bytes"]; v != nil {
 		// Hex, as the session asks (bytea_output); an empty payload is
 		// a payload, not nil.
 		b, ok := strings.CutPrefix(*v, `\x`)
-		payload = make([]byte, hex.DecodedLen(len(b)))
-		if _, err := hex.Decode(payload, []byte(b)); !ok || err != nil {
+		row.PayloadBytes = make([]byte, hex.DecodedLen(len(b)))
+		if _, err := hex.Decode(row.PayloadBytes, []byte(b)); !ok || err != nil {
 			bad = append(bad, "payload_bytes is not in bytea's hex format")
 		}
 	} else {
 		bad = append(bad, "payload and payload_bytes are missing")
 	}
-	if v := col["content_type"]; v != nil {
-		e.ContentType = *v
-	}
-	if v := col["topic"]; v != nil {
-		e.Topic = *v
-	}
 	if v := col["created_at"]; v != nil {
 		if t, ok := timestamp(*v); ok {
-			e.CreatedAt = t
+			row.CreatedAt = t
 		}
 	}
 	if v := col["attempts"]; v != nil {
-		e.Attempts, _ = strconv.Atoi(*v)
+		row.Attempts, _ = strconv.Atoi(*v)
 	}
-	headers := col["headers"]
-	it.size = int64(len(payload))
-	if headers != nil {
-		it.size += int64(len(*headers))
+	row.Size = int64(len(row.Payload) + len(row.PayloadBytes))
+	if row.Headers != nil {
+		row.Size += int64(len(*row.Headers))
 	}
-	var deliverAt time.Time
+	return row, bad, true
+}
+
+// waits applies the timing rules to a row: deliverAt is when a scheduled
+// one is due; wait says it is the table path's, inserted to wait.
+func waits(col map[string]*string, attempts int) (deliverAt time.Time, wait bool) {
 	if v := col["deliver_at"]; v != nil {
 		t, ok := timestamp(*v)
 		if !ok {
 			// Never publish a scheduled event early: the table path
 			// reads the column itself.
-			it.wait = true
-			return it, false
+			return time.Time{}, true
 		}
 		deliverAt = t
 	}
@@ -107,22 +133,11 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData, commi
 		// A scheduled row (migration 7's trigger copies deliver_at into
 		// retry_at) is the log relay's to publish once due; any other
 		// row inserted to wait (held, or retried later) the table path's.
-		if t, ok := timestamp(*v); !ok || deliverAt.IsZero() || !t.Equal(deliverAt) || e.Attempts > 0 {
-			it.wait = true
-			return it, false
+		if t, ok := timestamp(*v); !ok || deliverAt.IsZero() || !t.Equal(deliverAt) || attempts > 0 {
+			return time.Time{}, true
 		}
 	}
-	it.deliverAt = deliverAt
-	if len(bad) > 0 {
-		it.bad = fmt.Errorf("row %d: %s", e.Seq, strings.Join(bad, ", "))
-	} else {
-		// The table source's check of a claimed row.
-		e.Headers, it.bad = event.CheckRow(e.Type, headers, it.size, cfg.MaxEventBytes)
-	}
-	if it.bad == nil {
-		e.Payload = payload
-	}
-	return it, false
+	return deliverAt, false
 }
 
 // timestamp reads a timestamptz column as the stream sends it (text).

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // Log mode in a service: the log relay and, beside it, the table relay
@@ -21,9 +22,17 @@ func ExampleNewPair() {
 	if pool == nil || pub == nil {
 		return
 	}
-	p, err := logrelay.NewPair(pool, pub,
-		logrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}, Options: core.Options{Logger: slog.Default()}},
-		core.Options{Logger: slog.Default()})
+	opts := logrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}, Options: core.Options{Logger: slog.Default()}}
+	// The table relay's source: the table source over the handoff view.
+	hc, err := logrelay.HandOffConfig(opts.Store)
+	if err != nil {
+		panic(err)
+	}
+	handoff, err := table.New(pool, hc, slog.Default())
+	if err != nil {
+		panic(err)
+	}
+	p, err := logrelay.NewPair(pool, pub, opts, handoff, core.Options{Logger: slog.Default()})
 	if err != nil {
 		panic(err)
 	}

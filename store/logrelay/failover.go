@@ -50,20 +50,39 @@ func alterFailover(ctx context.Context, repl *pgconn.PgConn, name string) error 
 // A failure is logged, not fatal: the relay works without it, only a
 // failover would lose the slot.
 func (r *Relay) ensureFailover(ctx context.Context, conn *pgconn.PgConn) {
-	var capable, failover bool
-	err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int >= $2,
-       coalesce((SELECT (to_jsonb(s) ->> 'failover')::boolean FROM pg_replication_slots s WHERE slot_name = $1), true)`,
-		r.opts.Slot.Name, failoverVersion).Scan(&capable, &failover)
-	if err == nil && (!capable || failover) {
-		return
+	made, err := r.setFailover(ctx, conn)
+	switch {
+	case err != nil:
+		r.log.Warn("slot is not a failover slot: a standby promoted to primary will not have it", "slot", r.opts.Slot.Name, "error", err)
+	case made:
+		r.log.Info("slot made a failover slot: standbys with sync_replication_slots keep it", "slot", r.opts.Slot.Name)
 	}
-	if err == nil {
-		if err = alterFailover(ctx, conn, r.opts.Slot.Name); err == nil {
-			r.log.Info("slot made a failover slot: standbys with sync_replication_slots keep it", "slot", r.opts.Slot.Name)
-			return
-		}
+}
+
+// setFailover makes the slot a failover slot where the server has them
+// and it is not one yet; made says it did.
+func (r *Relay) setFailover(ctx context.Context, conn *pgconn.PgConn) (made bool, err error) {
+	version, err := serverVersion(ctx, r.pool)
+	if err != nil || version < failoverVersion {
+		return false, err
 	}
-	r.log.Warn("slot is not a failover slot: a standby promoted to primary will not have it", "slot", r.opts.Slot.Name, "error", err)
+	var failover bool
+	err = r.pool.QueryRow(ctx, `SELECT coalesce((SELECT (to_jsonb(s) ->> 'failover')::boolean FROM pg_replication_slots s WHERE slot_name = $1), true)`,
+		r.opts.Slot.Name).Scan(&failover)
+	if err != nil || failover {
+		return false, err
+	}
+	if err := alterFailover(ctx, conn, r.opts.Slot.Name); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// serverVersion is the server's server_version_num (170000 for 17.0).
+func serverVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var v int
+	err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v)
+	return v, err
 }
 
 // FailoverWarnings says what, as far as the primary shows, would lose
@@ -75,15 +94,18 @@ func (r *Relay) ensureFailover(ctx context.Context, conn *pgconn.PgConn) {
 // standby's own settings (sync_replication_slots, hot_standby_feedback,
 // primary_slot_name) cannot be read from the primary.
 func FailoverWarnings(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	var version, standbys int
+	version, err := serverVersion(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("check failover settings: %w", err)
+	}
+	var standbys int
 	var synced string
 	// A walsender that no logical slot names streams WAL to a standby
 	// (or to a base backup, which reports state backup).
-	err := pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int,
-       coalesce(current_setting('synchronized_standby_slots', true), ''),
+	err = pool.QueryRow(ctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), ''),
        (SELECT count(*) FROM pg_stat_replication r WHERE r.state IS DISTINCT FROM 'backup'
           AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))`).
-		Scan(&version, &synced, &standbys)
+		Scan(&synced, &standbys)
 	if err != nil {
 		return nil, fmt.Errorf("check failover settings: %w", err)
 	}

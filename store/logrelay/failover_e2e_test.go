@@ -18,6 +18,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // envFailoverPGBin names a folder of PostgreSQL 17 or later server
@@ -130,7 +132,7 @@ sync_replication_slots = on
 		if *c, err = c.WithDefaults(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Migrate(ctx, pool, *c); err != nil {
+		if _, err := migrate.Migrate(ctx, pool, *c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -161,11 +163,11 @@ sync_replication_slots = on
 		StandbyInterval: 200 * time.Millisecond, StatusInterval: 200 * time.Millisecond,
 		ReceiveTimeout: 3 * time.Second, WALSenderTimeout: 3 * time.Second,
 	}
-	pair, err := logrelay.NewPair(pool, logPub, o, core.Options{PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+	pair, err := logrelay.NewPair(pool, logPub, o, handOff(t, pool, o, testLogger(t)), core.Options{PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tableStore, err := store.New(pool, tableCfg, testLogger(t))
+	tableStore, err := table.New(pool, tableCfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,10 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // env is one test's outbox (a schema of its own), its slot and writers.
@@ -72,7 +75,7 @@ func outboxOn(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *env {
 func privateOutbox(t *testing.T, pool *pgxpool.Pool, schema string) *env {
 	t.Helper()
 	cfg := store.Config{Schema: schema}
-	if _, err := store.Migrate(context.Background(), pool, cfg); err != nil {
+	if _, err := migrate.Migrate(context.Background(), pool, cfg); err != nil {
 		t.Fatal(err)
 	}
 	e := outboxOn(t, pool, cfg)
@@ -151,7 +154,7 @@ func (e *env) start(pub core.Publisher, o logrelay.Options) *running {
 // log relay with o and the table path beside it, publishing to pub.
 func (e *env) startPair(pub core.Publisher, o logrelay.Options) *running {
 	e.t.Helper()
-	p, err := logrelay.NewPair(e.pool, pub, o, core.Options{PollInterval: 50 * time.Millisecond})
+	p, err := logrelay.NewPair(e.pool, pub, o, handOff(e.t, e.pool, o, nil), core.Options{PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -160,6 +163,21 @@ func (e *env) startPair(pub core.Publisher, o logrelay.Options) *running {
 	go func() { run.done <- p.Run(ctx) }()
 	e.t.Cleanup(func() { run.stop(e.t) })
 	return run
+}
+
+// handOff is the table source over the handoff view of o's outbox, as
+// the caller of NewPair builds it.
+func handOff(t *testing.T, pool *pgxpool.Pool, o logrelay.Options, log *slog.Logger) core.Source {
+	t.Helper()
+	hc, err := logrelay.HandOffConfig(o.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := table.New(pool, hc, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }
 
 func startRelay(t *testing.T, pool *pgxpool.Pool, pub core.Publisher, o logrelay.Options) *running {
@@ -276,13 +294,13 @@ func (e *env) write(table bool, agg string, first, n int) []string {
 }
 
 // selectorOf selects the row of event id by its seq.
-func (e *env) selectorOf(id string) store.Selector {
+func (e *env) selectorOf(id string) admin.Selector {
 	e.t.Helper()
 	var seq int64
 	if err := e.pool.QueryRow(context.Background(), `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
 		e.t.Fatal(err)
 	}
-	return store.Selector{Seqs: []int64{seq}}
+	return admin.Selector{Seqs: []int64{seq}}
 }
 
 func (e *env) count(where string) int {

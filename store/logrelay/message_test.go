@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // Every field of the table contract survives the message format: any
@@ -16,7 +16,7 @@ import (
 // non-UTF-8 among them), the topic, the deliver-at time and headers.
 func TestMessageRoundTrip(t *testing.T) {
 	at := time.Date(2031, 2, 3, 4, 5, 6, 789000, time.UTC)
-	for _, m := range []logrelay.Message{
+	for _, m := range []event.Message{
 		// The JSON value's own bytes, spacing and key order kept; the
 		// format cannot keep whitespace around the value.
 		{ID: "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d", AggregateID: "ord_2Xb9", Type: "order.placed", Payload: []byte("{\"b\" : 1,\n \"a\":2.50}")},
@@ -28,11 +28,11 @@ func TestMessageRoundTrip(t *testing.T) {
 		},
 		{ID: "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d", AggregateID: "k", Type: "t", ContentType: "application/octet-stream", Payload: []byte{}},
 	} {
-		b, err := logrelay.EncodeMessage(m)
+		b, err := event.EncodeMessage(m)
 		if err != nil {
 			t.Fatalf("encode %+v: %v", m, err)
 		}
-		got, err := logrelay.DecodeMessage(b)
+		got, err := event.DecodeMessage(b)
 		if err != nil {
 			t.Fatalf("decode %s: %v", b, err)
 		}
@@ -47,13 +47,13 @@ func TestMessageRoundTrip(t *testing.T) {
 			t.Errorf("decoded %+v, want %+v", got, m)
 		}
 	}
-	far := logrelay.Message{ID: "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d", AggregateID: "k", Type: "t", Payload: []byte(`{}`), DeliverAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
-	var ee *logrelay.EncodeError
-	if _, err := logrelay.EncodeMessage(far); !errors.As(err, &ee) || ee.Field != "deliver_at" {
-		t.Errorf("encode year 10000: %v, want an EncodeError naming deliver_at", err)
+	far := event.Message{ID: "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d", AggregateID: "k", Type: "t", Payload: []byte(`{}`), DeliverAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
+	var ee *event.FieldError
+	if _, err := event.EncodeMessage(far); !errors.As(err, &ee) || ee.Field != "deliver_at" {
+		t.Errorf("encode year 10000: %v, want a FieldError naming deliver_at", err)
 	}
-	if _, err := logrelay.EncodeMessage(logrelay.Message{ID: far.ID, AggregateID: "k", Type: "t", Payload: []byte(`{`)}); !errors.As(err, &ee) || ee.Field != "payload" {
-		t.Errorf("encode a JSON payload that is not JSON: %v, want an EncodeError naming payload", err)
+	if _, err := event.EncodeMessage(event.Message{ID: far.ID, AggregateID: "k", Type: "t", Payload: []byte(`{`)}); !errors.As(err, &ee) || ee.Field != "payload" {
+		t.Errorf("encode a JSON payload that is not JSON: %v, want a FieldError naming payload", err)
 	}
 }
 
@@ -84,7 +84,7 @@ func TestDecodeMessageRefuses(t *testing.T) {
 		{`{"v":1,` + id + `,"aggregate_id":"k","type":"t","content_type":"avro/binary"}`, "no payload_base64"},
 		{`{"v":1,` + id + `,"aggregate_id":"k","type":"t","content_type":"avro/binary","payload_base64":"%%"}`, "payload_base64 is not base64"},
 	} {
-		m, err := logrelay.DecodeMessage([]byte(tc.content))
+		m, err := event.DecodeMessage([]byte(tc.content))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("decode %.80s: %v, want an error containing %q", tc.content, err, tc.want)
 		}
@@ -93,14 +93,14 @@ func TestDecodeMessageRefuses(t *testing.T) {
 		}
 	}
 	// The fields read are kept with the error, so the event can be named.
-	m, _ := logrelay.DecodeMessage([]byte(`{"v":1,` + id + `,"aggregate_id":"ord_1","type":"t","topic":"a b","payload":{}}`))
+	m, _ := event.DecodeMessage([]byte(`{"v":1,` + id + `,"aggregate_id":"ord_1","type":"t","topic":"a b","payload":{}}`))
 	if m.ID != "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d" || m.AggregateID != "ord_1" {
 		t.Errorf("refused message read as %+v", m)
 	}
 	// PostgreSQL's encode(..., 'base64') breaks lines every 76 characters.
 	payload := bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef}, 30)
 	wrapped := "3q2+796tvu/erb7v3q2+796tvu/erb7v3q2+796tvu/erb7v3q2+796tvu/erb7v3q2+796tvu/e\nrb7v3q2+796tvu/erb7v3q2+796tvu/erb7v3q2+796tvu/erb7v3q2+796tvu/erb7v3q2+796t\nvu/erb7v"
-	m, err := logrelay.DecodeMessage([]byte(`{"v":1,` + id + `,"aggregate_id":"k","type":"t","content_type":"application/x-protobuf","payload_base64":"` + strings.ReplaceAll(wrapped, "\n", `\n`) + `"}`))
+	m, err := event.DecodeMessage([]byte(`{"v":1,` + id + `,"aggregate_id":"k","type":"t","content_type":"application/x-protobuf","payload_base64":"` + strings.ReplaceAll(wrapped, "\n", `\n`) + `"}`))
 	if err != nil || !bytes.Equal(m.Payload, payload) {
 		t.Errorf("wrapped base64: %v, payload %x", err, m.Payload)
 	}

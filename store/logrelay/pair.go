@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
 )
 
 // Pair is log mode whole, as `outbox relay --mode log` runs it: the log
@@ -28,25 +27,21 @@ type Pair struct {
 }
 
 // NewPair returns the two relays over pool, publishing to pub. opts
-// configure the log relay and name the outbox (opts.Store); table
-// configures the table relay, whose store is the outbox's handoff view.
-// The table relay is woken by the log relay's hand-offs rather than by
-// the table's NOTIFY, which fires for every insert the log relay
-// publishes itself.
-func NewPair(pool *pgxpool.Pool, pub core.Publisher, opts Options, table core.Options) (*Pair, error) {
+// configure the log relay and name the outbox (opts.Store); handoff is
+// the table source over the outbox's handoff view, built with the
+// configuration HandOffConfig returns, and table configures the table
+// relay over it. The table relay is woken by the log relay's hand-offs
+// rather than by the table's NOTIFY, which fires for every insert the log
+// relay publishes itself.
+func NewPair(pool *pgxpool.Pool, pub core.Publisher, opts Options, handoff core.Source, table core.Options) (*Pair, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("new log relay pair: pool and publisher are required")
 	}
-	hc, err := HandOffConfig(opts.Store)
-	if err != nil {
-		return nil, fmt.Errorf("new log relay pair: %w", err)
-	}
-	hst, err := store.New(pool, hc, table.Logger)
-	if err != nil {
-		return nil, fmt.Errorf("new log relay pair: %w", err)
+	if handoff == nil {
+		return nil, errors.New("new log relay pair: the hand-off source is required")
 	}
 	table.DisableWakeups = true
-	tableRelay, err := core.New(hst, pub, table)
+	tableRelay, err := core.New(handoff, pub, table)
 	if err != nil {
 		return nil, fmt.Errorf("new log relay pair: table relay: %w", err)
 	}

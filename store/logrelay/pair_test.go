@@ -20,7 +20,7 @@ import (
 // relay publishes them in order once the broker takes them. The caller's
 // HandedOff still runs, and Ready reports both relays.
 func TestPairPublishesWhatItHandsOff(t *testing.T) {
-	if _, err := logrelay.NewPair(nil, nil, logrelay.Options{}, core.Options{}); err == nil {
+	if _, err := logrelay.NewPair(nil, nil, logrelay.Options{}, nil, core.Options{}); err == nil {
 		t.Fatal("NewPair without pool and publisher: no error")
 	}
 	e := newEnv(t)
@@ -40,7 +40,7 @@ func TestPairPublishesWhatItHandsOff(t *testing.T) {
 	o.HandOffAfter = 2
 	var handedOff atomic.Int64
 	o.HandedOff = func() { handedOff.Add(1) }
-	p, err := logrelay.NewPair(e.pool, pub, o, core.Options{PollInterval: 50 * time.Millisecond,
+	p, err := logrelay.NewPair(e.pool, pub, o, handOff(t, e.pool, o, nil), core.Options{PollInterval: 50 * time.Millisecond,
 		RetryBackoff: core.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/logrelay"
 )
 
 // A recorded position belongs to the slot it was confirmed on. A record
@@ -15,7 +15,7 @@ import (
 func TestStalePositionIsNotResumedFrom(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	lt, err := store.NewLogTable(e.cfg)
+	lt, err := logrelay.NewLogTable(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -284,7 +284,7 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 	if err := Check(ctx, pool); err != nil {
 		return c, err
 	}
-	lt, err := store.NewLogTable(cfg)
+	lt, err := newLogTable(cfg)
 	if err != nil {
 		return c, err
 	}
@@ -297,101 +297,139 @@ func CreateSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slo
 		return c, err
 	}
 	if st.Exists {
-		if !st.InThisDatabase {
-			return c, fmt.Errorf("create slot: %w", otherDatabase(s.Name, st.Database))
-		}
-		if st.Plugin != "pgoutput" {
-			return c, fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
-		}
-		if st.WALStatus == "lost" {
-			return c, fmt.Errorf("create slot: %w", lostError(st))
-		}
-		if st.FailoverCapable && !st.Failover && !st.Active {
-			// A relay that took the slot meanwhile makes it one itself.
-			if err := makeFailover(ctx, pool, s.Name); err != nil && !errors.Is(err, ErrSlotBusy) {
-				return c, err
-			}
-		}
-		// Recorded again: a slot made before the record existed.
-		return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
+		return c, keepSlot(ctx, pool, lt, s, st)
 	}
+	unlock, err := lockSlotCreation(ctx, pool, s)
+	if err != nil {
+		return c, err
+	}
+	defer unlock()
+	made, err := createViaTemporary(ctx, pool, cfg, lt, s)
+	made.Publication = c.Publication
+	if err != nil {
+		return made, err
+	}
+	if made.Slot && st.FailoverCapable {
+		// A relay that took the slot meanwhile makes it one itself.
+		if err := makeFailover(ctx, pool, s.Name); err != nil && !errors.Is(err, ErrSlotBusy) {
+			return made, err
+		}
+	}
+	// Only now may log-only events be written: the permanent slot reads
+	// every transaction that commits after this.
+	return made, lt.recordSlot(ctx, pool, s.Name, s.Publication)
+}
+
+// keepSlot checks the slot st that exists already, makes it a failover
+// slot where it can, and records it.
+func keepSlot(ctx context.Context, pool *pgxpool.Pool, lt *logTable, s Slot, st SlotStatus) error {
+	if !st.InThisDatabase {
+		return fmt.Errorf("create slot: %w", otherDatabase(s.Name, st.Database))
+	}
+	if st.Plugin != "pgoutput" {
+		return fmt.Errorf("create slot %s: it exists with plugin %s, not pgoutput", s.Name, st.Plugin)
+	}
+	if st.WALStatus == "lost" {
+		return fmt.Errorf("create slot: %w", lostError(st))
+	}
+	if st.FailoverCapable && !st.Failover && !st.Active {
+		// A relay that took the slot meanwhile makes it one itself.
+		if err := makeFailover(ctx, pool, s.Name); err != nil && !errors.Is(err, ErrSlotBusy) {
+			return err
+		}
+	}
+	// Recorded again: a slot made before the record existed.
+	return lt.recordSlot(ctx, pool, s.Name, s.Publication)
+}
+
+// lockSlotCreation takes the slot's advisory lock on a pooled connection,
+// so that one process at a time creates it; unlock lets it go.
+func lockSlotCreation(ctx context.Context, pool *pgxpool.Pool, s Slot) (unlock func(), err error) {
 	lock, err := pool.Acquire(ctx)
 	if err != nil {
-		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+		return nil, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
-	defer lock.Release()
 	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", lockKey(s)); err != nil {
-		return c, fmt.Errorf("create slot %s: take lock: %w", s.Name, err)
+		lock.Release()
+		return nil, fmt.Errorf("create slot %s: take lock: %w", s.Name, err)
 	}
-	defer func() {
+	return func() {
 		_, _ = lock.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(s))
-	}()
+		lock.Release()
+	}, nil
+}
+
+// createViaTemporary makes the slot in two steps so that a crash anywhere
+// loses nothing: a temporary slot (it goes with its connection) exports
+// the snapshot, the rows it sees pending are handed off, and only then is
+// it copied to the permanent slot, from the same position. A crash before
+// the copy leaves no slot, so the next attempt starts over; a permanent
+// slot made first would strand those rows if the process died before
+// handing them over. Slot is false when another relay made the slot
+// meanwhile.
+func createViaTemporary(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, lt *logTable, s Slot) (Created, error) {
 	repl, err := replicationConn(ctx, pool, nil, 0)
 	if err != nil {
-		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
 	// The rows handed off below would be published by table-mode
 	// relays too.
-	if err := otherModeFree(ctx, repl, cfg, "table"); err != nil {
-		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	if err := store.OtherModeFree(ctx, repl, cfg, "table"); err != nil {
+		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
-	// The slot is made in two steps so that a crash anywhere loses
-	// nothing: a temporary slot (it goes with this connection) exports the
-	// snapshot, the rows it sees pending are handed off, and only then is
-	// it copied to the permanent slot, from the same position. A crash
-	// before the copy leaves no slot, so the next attempt starts over; a
-	// permanent slot made first would strand those rows if the process
-	// died before handing them over.
 	// A record of a slot of this name that does not exist (dropped by
 	// other means, or copied with the table from another cluster) carries
 	// another slot's position: it goes before this slot is made.
-	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
-		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
+	if err := lt.forgetSlot(ctx, pool, s.Name); err != nil {
+		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
 	tmp := fmt.Sprintf("outbox_creating_%d", repl.PID())
 	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, tmp, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
 	if err != nil {
+		return Created{}, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	handedOff, err := handOffBefore(ctx, pool, lt, res.SnapshotName)
+	if err != nil {
+		return Created{}, fmt.Errorf("create slot %s: hand off rows committed before it: %w", s.Name, err)
+	}
+	c := Created{HandedOff: handedOff}
+	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
+		return c, nil
+	}
+	if err != nil {
 		return c, fmt.Errorf("create slot %s: %w", s.Name, err)
 	}
+	c.Slot = true
+	return c, nil
+}
+
+// handOffBefore hands to the table path the pending rows that the
+// snapshot, exported by the slot being made, sees: committed before the
+// slot's consistent point, the slot's stream will never carry them.
+func handOffBefore(ctx context.Context, pool *pgxpool.Pool, lt *logTable, snapshot string) (int64, error) {
 	// The exported snapshot lives while the replication connection stays
 	// idle: read the rows it sees, then let it go.
 	var seqs []int64
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(res.SnapshotName, "'", "''")+"'"); err != nil {
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(snapshot, "'", "''")+"'"); err != nil {
 			return fmt.Errorf("import the slot's snapshot: %w", err)
 		}
-		seqs, err = lt.Unhanded(ctx, tx)
+		var err error
+		seqs, err = lt.unhanded(ctx, tx)
 		return err
 	})
+	var n int64
 	if err == nil && len(seqs) > 0 {
-		c.HandedOff, err = lt.HandOffUnhanded(ctx, pool, seqs)
+		n, err = lt.handOffUnhanded(ctx, pool, seqs)
 	}
 	if err == nil && testHookHandedOff != nil {
 		err = testHookHandedOff()
 	}
-	if err != nil {
-		return Created{Publication: c.Publication}, fmt.Errorf("create slot %s: hand off rows committed before it: %w", s.Name, err)
-	}
-	_, err = pool.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, s.Name)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
-		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
-	}
-	if err != nil {
-		return Created{Publication: c.Publication, HandedOff: c.HandedOff}, fmt.Errorf("create slot %s: %w", s.Name, err)
-	}
-	c.Slot = true
-	if st.FailoverCapable {
-		// A relay that took the slot meanwhile makes it one itself.
-		if err := makeFailover(ctx, pool, s.Name); err != nil && !errors.Is(err, ErrSlotBusy) {
-			return c, err
-		}
-	}
-	// Only now may log-only events be written: the permanent slot reads
-	// every transaction that commits after this.
-	return c, lt.RecordSlot(ctx, pool, s.Name, s.Publication)
+	return n, err
 }
 
 // testHookHandedOff, when set (by tests), runs after the hand-off and
@@ -440,11 +478,11 @@ func DropSlot(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot)
 			return err
 		}
 	}
-	lt, err := store.NewLogTable(cfg)
+	lt, err := newLogTable(cfg)
 	if err != nil {
 		return err
 	}
-	if err := lt.ForgetSlot(ctx, pool, s.Name); err != nil {
+	if err := lt.forgetSlot(ctx, pool, s.Name); err != nil {
 		return fmt.Errorf("drop slot: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.Publication}.Sanitize()); err != nil {
@@ -511,9 +549,11 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, s Slot) 
 		return SlotStatus{}, err
 	}
 	st := SlotStatus{Slot: s.Name, Publication: s.Publication}
-	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int >= 170000").Scan(&st.FailoverCapable); err != nil {
+	version, err := serverVersion(ctx, pool)
+	if err != nil {
 		return st, fmt.Errorf("inspect slot %s: %w", s.Name, err)
 	}
+	st.FailoverCapable = version >= failoverVersion
 	var pid *int32
 	var confirmed, restart, walStatus, db, reason *string
 	var lag, retained, safe *int64

@@ -77,7 +77,7 @@ func (c *claim) dropSent(ctx context.Context) bool {
 	s := c.s
 	// Bounded: a server cut off would hold the claim, so the engine.
 	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
-	done, err := s.r.sql.Dispatched(lctx, s.r.pool, seqs)
+	done, err := s.r.sql.dispatched(lctx, s.r.pool, seqs)
 	cancel()
 	if err != nil || len(done) == 0 {
 		if err != nil && ctx.Err() == nil {

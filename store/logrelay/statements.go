@@ -5,28 +5,28 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 )
 
-// statements are the relay's writes to the outbox table, which store
-// owns, and the checks on the slot and on transactions that go with them.
+// statements are the relay's writes to the outbox table (logTable) and
+// the checks on the slot and on transactions that go with them.
 type statements struct {
-	*store.LogTable
+	*logTable
 	slot, lockKey string // the slot's name and advisory lock (see asHolder)
 }
 
 func newStatements(cfg store.Config, slot Slot) (statements, error) {
-	t, err := store.NewLogTable(cfg)
+	t, err := newLogTable(cfg)
 	if err != nil {
 		return statements{}, err
 	}
-	return statements{LogTable: t, slot: slot.Name, lockKey: lockKey(slot)}, nil
+	return statements{logTable: t, slot: slot.Name, lockKey: lockKey(slot)}, nil
 }
 
 // visibleXIDs selects which of some transactions (by the 32-bit xids the
@@ -44,7 +44,7 @@ func (q statements) mark(ctx context.Context, pool *pgxpool.Pool, log *slog.Logg
 		for i, it := range pending {
 			seqs[i] = it.ev.Seq
 		}
-		left, err := q.MarkDispatched(ctx, pool, seqs)
+		left, err := q.markDispatched(ctx, pool, seqs)
 		if err != nil || len(left) == 0 {
 			return nil, err
 		}
@@ -188,12 +188,9 @@ func (q statements) asHolder(ctx context.Context, pool *pgxpool.Pool, pid uint32
 // or pending when reason is nil; pid is this session's walsender (see
 // asHolder).
 func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, pid uint32, it *item, reason error) error {
-	var failed *store.Failed
+	var failed *core.Failure
 	if reason != nil {
-		failed = &store.Failed{Reason: reason.Error()}
-		if !it.retryAt.IsZero() {
-			failed.RetryAt, failed.Attempts = it.retryAt, it.ev.Attempts
-		}
+		failed = &core.Failure{Seq: it.ev.Seq, Reason: reason.Error(), RetryAt: it.retryAt}
 	}
 	if it.row {
 		// As in mark: the row may not be visible yet.
@@ -201,7 +198,7 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 			var seq int64
 			var found bool
 			err := q.asHolder(ctx, pool, pid, func(tx pgx.Tx) (err error) {
-				seq, found, err = q.HandRow(ctx, tx, it.ev.Seq, it.ev.ID, failed)
+				seq, found, err = q.handRow(ctx, tx, it.ev.Seq, it.ev.ID, failed, it.ev.Attempts)
 				return err
 			})
 			switch {
@@ -218,10 +215,10 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 	}
 	return q.asHolder(ctx, pool, pid, func(tx pgx.Tx) error {
 		if it.bad == nil {
-			err := q.InsertEvent(ctx, tx, store.LogEvent{ID: it.ev.ID, AggregateID: it.ev.AggregateID, Type: it.ev.Type,
+			err := q.insertEvent(ctx, tx, logEvent{ID: it.ev.ID, AggregateID: it.ev.AggregateID, Type: it.ev.Type,
 				ContentType: it.ev.ContentType, Topic: it.ev.Topic, Payload: it.ev.Payload, Headers: it.ev.Headers,
-				CreatedAt: it.ev.CreatedAt, DeliverAt: it.deliverAt}, failed)
-			var refused *store.RefusedError
+				CreatedAt: it.ev.CreatedAt, DeliverAt: it.deliverAt}, failed, it.ev.Attempts)
+			var refused *refusedError
 			if !errors.As(err, &refused) {
 				return err
 			}
@@ -234,10 +231,7 @@ func (q statements) handoff(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 				reason = refused
 			}
 		}
-		return q.InsertUnreadable(ctx, tx, store.Unreadable{Raw: it.raw, ID: it.ev.ID, AggregateID: it.ev.AggregateID,
+		return q.insertUnreadable(ctx, tx, unreadable{Raw: it.raw, ID: it.ev.ID, AggregateID: it.ev.AggregateID,
 			CreatedAt: it.ev.CreatedAt, Reason: reason.Error()})
 	})
 }
-
-// literal quotes s as an SQL string literal.
-func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

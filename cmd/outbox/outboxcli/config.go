@@ -24,6 +24,7 @@ import (
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
 )
 
@@ -158,7 +159,7 @@ func Defaults() Config {
 	if err != nil {
 		panic(err) // the zero Options is valid
 	}
-	cleanup, err := store.CleanupOptions{}.WithDefaults()
+	cleanup, err := admin.CleanupOptions{}.WithDefaults()
 	if err != nil {
 		panic(err)
 	}

@@ -9,8 +9,7 @@ import (
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func relayCmd() *cobra.Command {
@@ -36,7 +35,7 @@ func relayCmd() *cobra.Command {
 // RelayHooks let other parts of the binary (metrics, health) attach to a
 // running relay. Each returns an observer to add (or nil) and may start
 // background work that ends with ctx.
-var relayHooks []func(ctx context.Context, e *app, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
+var relayHooks []func(ctx context.Context, e *app, st *table.Source, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
 
 // publisherWraps decorate the broker's publisher (tracing) before the hooks
 // and the relay see it, in order. The broker's own Close still runs once.
@@ -51,7 +50,7 @@ func (e *app) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
+	st, err := table.New(pool, e.cfg.StoreConfig(), e.log)
 	if err != nil {
 		return usageError(err)
 	}
@@ -111,27 +110,9 @@ func (e *app) runRelay(ctx context.Context) error {
 	e.log.Info("relay starting", "database", Redact(e.cfg.DatabaseURL), "table", sc.Schema+"."+sc.Table,
 		"broker", e.cfg.Broker, "ordered", !e.cfg.Relay.Unordered, "wakeups", e.cfg.Relay.Wakeups,
 		"batch_size", e.cfg.Relay.BatchSize, "lanes", e.cfg.Relay.Lanes)
-	// Refused while log relays read this outbox's slot (and they refuse
-	// while this runs): both would publish every row.
-	lock, err := logrelay.LockTableMode(ctx, st.Pool(), sc)
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
-	defer lock.Release()
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	watched := make(chan error, 1)
-	go func() {
-		err := lock.Watch(rctx)
-		stop()
-		watched <- err
-	}()
-	err = relay.Run(rctx)
-	stop()
-	if werr := <-watched; werr != nil {
-		return fmt.Errorf("relay: %w", werr)
-	}
-	if err != nil {
+	// The table source holds the table-mode lock itself: refused while
+	// log relays read this outbox's slot (and they refuse while it runs).
+	if err := relay.Run(ctx); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	e.log.Info("relay stopped")
