@@ -81,7 +81,7 @@ func (d *driver) start() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	handoff, err := table.New(r.pool, hc, nil)
+	handoff, err := table.NewHandOff(r.pool, hc, nil)
 	if err != nil {
 		d.t.Fatal(err)
 	}

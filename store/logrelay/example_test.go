@@ -28,7 +28,7 @@ func ExampleNewPair() {
 	if err != nil {
 		panic(err)
 	}
-	handoff, err := table.New(pool, hc, slog.Default())
+	handoff, err := table.NewHandOff(pool, hc, slog.Default())
 	if err != nil {
 		panic(err)
 	}

@@ -312,7 +312,7 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hst, err := table.New(e.pool, hc, nil)
+			hst, err := table.NewHandOff(e.pool, hc, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -519,7 +519,7 @@ func TestSlotLifecycle(t *testing.T) {
 	}
 	pub := &recorder{}
 	hc, _ := logrelay.HandOffConfig(e.cfg)
-	hst, err := table.New(e.pool, hc, nil)
+	hst, err := table.NewHandOff(e.pool, hc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -677,7 +677,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hst, err := table.New(e.pool, hc, nil)
+	hst, err := table.NewHandOff(e.pool, hc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

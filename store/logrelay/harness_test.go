@@ -173,7 +173,7 @@ func handOff(t *testing.T, pool *pgxpool.Pool, o logrelay.Options, log *slog.Log
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := table.New(pool, hc, log)
+	src, err := table.NewHandOff(pool, hc, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -305,7 +305,7 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hst, err := table.New(f.relay, hc, nil)
+	hst, err := table.NewHandOff(f.relay, hc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

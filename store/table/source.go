@@ -28,6 +28,7 @@ type Source struct {
 	from                     scanFrom
 	sleeper                  sleeper
 	share                    share
+	handOff                  bool // log mode's table path: takes no table-mode lock (see Hold)
 }
 
 // scanFrom is where unordered claims start their scan of pending seqs
@@ -84,6 +85,7 @@ var (
 	_ core.Notifier      = (*Source)(nil)
 	_ core.Pinger        = (*Source)(nil)
 	_ core.BacklogReader = (*Source)(nil)
+	_ core.Holder        = (*Source)(nil)
 )
 
 // New returns a Source over pool. The schema must have been migrated.
@@ -118,6 +120,20 @@ FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(seq, reason, retry
 WHERE o.seq = f.seq`,
 	}
 	s.claimAll = s.orderedClaim(nil)
+	return s, nil
+}
+
+// NewHandOff returns the table source of log mode's table path: over the
+// outbox's handoff view (cfg as the log relay's HandOffConfig returns
+// it), it claims only the rows the log relay handed off. It is part of
+// log mode, so it takes no table-mode lock (see Hold): the log relay
+// holds the log-mode lock.
+func NewHandOff(pool *pgxpool.Pool, cfg store.Config, log *slog.Logger) (*Source, error) {
+	s, err := New(pool, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	s.handOff = true
 	return s, nil
 }
 

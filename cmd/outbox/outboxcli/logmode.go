@@ -40,7 +40,7 @@ func (e *app) runLogRelay(ctx context.Context, st *table.Source, pub core.Publis
 		return usageError(err)
 	}
 	tableOpts := e.cfg.RelayOptions(e.log.With("path", "table"), obs)
-	handoff, err := table.New(pool, hc, tableOpts.Logger)
+	handoff, err := table.NewHandOff(pool, hc, tableOpts.Logger)
 	if err != nil {
 		return usageError(err)
 	}
