@@ -187,12 +187,12 @@ func (q EventsOptions) filters(next int) ([]string, []any, error) {
 	}
 	if q.AggregateID != "" {
 		if err := event.CheckKey(q.AggregateID); err != nil {
-			return nil, nil, fmt.Errorf("aggregate id %q %w", event.Truncate(q.AggregateID, 64), err)
+			return nil, nil, invalid("aggregate id %q %w", event.Truncate(q.AggregateID, 64), err)
 		}
 		conds = append(conds, "o.aggregate_id = "+param(q.AggregateID))
 	}
 	if !q.CreatedAfter.IsZero() && !q.CreatedBefore.IsZero() && !q.CreatedBefore.After(q.CreatedAfter) {
-		return nil, nil, errors.New("created-before is not after created-after")
+		return nil, nil, invalid("created-before is not after created-after")
 	}
 	if !q.CreatedAfter.IsZero() {
 		conds = append(conds, "o.created_at >= "+param(q.CreatedAfter))
@@ -258,11 +258,11 @@ func (s *Admin) EventsPage(ctx context.Context, q EventsOptions) (EventsPage, er
 func (s *Admin) events(ctx context.Context, q EventsOptions) (out []EventInfo, lo int64, err error) {
 	switch {
 	case q.Limit < 0 || q.Limit > MaxEventsLimit:
-		return nil, 0, fmt.Errorf("list events: limit %d is not between 1 and %d", q.Limit, MaxEventsLimit)
+		return nil, 0, invalid("list events: limit %d is not between 1 and %d", q.Limit, MaxEventsLimit)
 	case q.StuckAfter < 0:
-		return nil, 0, fmt.Errorf("list events: StuckAfter %v is negative", q.StuckAfter)
+		return nil, 0, invalid("list events: StuckAfter %v is negative", q.StuckAfter)
 	case q.After < 0:
-		return nil, 0, fmt.Errorf("list events: After %d is negative", q.After)
+		return nil, 0, invalid("list events: After %d is negative", q.After)
 	}
 	if q.Limit == 0 {
 		q.Limit = DefaultEventsLimit
@@ -297,7 +297,7 @@ func (s *Admin) events(ctx context.Context, q EventsOptions) (out []EventInfo, l
 		state = "o.dispatched_at IS NOT NULL"
 		order, cursor = "o.seq DESC", "($1::bigint = 0 OR o.seq < $1::bigint)" // seq is a bigint: so is the cursor
 	default:
-		return nil, 0, fmt.Errorf("list events: state %q is not one of %s", q.State, statesList())
+		return nil, 0, invalid("list events: state %q is not one of %s", q.State, statesList())
 	}
 	conds, fargs, err := q.filters(len(args) + 1)
 	if err != nil {
@@ -385,11 +385,11 @@ func (s *Admin) Event(ctx context.Context, seq int64, id string) (EventDetail, e
 	case seq == 0 && id != "":
 		u, err := uuid.Parse(id)
 		if err != nil {
-			return EventDetail{}, fmt.Errorf("read event: event id %q is not a UUID", id)
+			return EventDetail{}, invalid("read event: event id %q is not a UUID", id)
 		}
 		cond, arg = "o.event_id = $1::uuid", u.String()
 	default:
-		return EventDetail{}, fmt.Errorf("read event: seq %d is not a valid event position", seq)
+		return EventDetail{}, invalid("read event: seq %d is not a valid event position", seq)
 	}
 	var (
 		d           EventDetail
@@ -544,7 +544,7 @@ const MaxActivityMinutes = 24 * 60
 // failed_at indexes, so they cost as much as the events of the window.
 func (s *Admin) Activity(ctx context.Context, minutes int) ([]Minute, error) {
 	if minutes < 1 || minutes > MaxActivityMinutes {
-		return nil, fmt.Errorf("read activity: %d minutes is not between 1 and %d", minutes, MaxActivityMinutes)
+		return nil, invalid("read activity: %d minutes is not between 1 and %d", minutes, MaxActivityMinutes)
 	}
 	t := s.n.Outbox
 	sql := `
@@ -620,7 +620,7 @@ func (s *Admin) Affected(ctx context.Context, action Action, sel Selector) (Affe
 	case ActionRetry, ActionPark, ActionUnpark:
 		state = "o.dispatched_at IS NULL AND " + actionStates[action]
 	default:
-		return Affected{}, fmt.Errorf("count affected events: action %q is not retry, park, unpark or replay", action)
+		return Affected{}, invalid("count affected events: action %q is not retry, park, unpark or replay", action)
 	}
 	cond, args, err := sel.where("o", 2)
 	if err != nil {

@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -463,5 +464,31 @@ func TestDispatchedFilterScanIsBounded(t *testing.T) {
 	p, err := f.st.EventsPage(f.ctx, admin.EventsOptions{State: admin.StateDispatched, Limit: 25})
 	if err != nil || len(p.Events) != 25 {
 		t.Errorf("unfiltered: %d events, %v", len(p.Events), err)
+	}
+}
+
+// Every argument an Admin method refuses is an ErrInvalid, with its text
+// as it was: a caller tells a bad request from a failure by the error's
+// type, not by matching its text.
+func TestArgumentErrorsAreErrInvalid(t *testing.T) {
+	_, _, st := opsStore(t)
+	ctx := context.Background()
+	now := time.Now()
+	_, badID := st.Event(ctx, 0, "not-a-uuid")
+	_, badRange := st.EventsPage(ctx, admin.EventsOptions{State: admin.StatePending, Limit: 10, CreatedAfter: now, CreatedBefore: now.Add(-time.Hour)})
+	_, badReason := st.Park(ctx, admin.Selector{Type: "a.b"}, "")
+	_, badSelector := st.Retry(ctx, admin.Selector{})
+	for _, c := range []struct {
+		err  error
+		text string
+	}{
+		{badID, "is not a UUID"}, {badRange, "created-before"}, {badReason, "reason is required"}, {badSelector, "selector is empty"},
+	} {
+		if !errors.Is(c.err, admin.ErrInvalid) || !strings.Contains(fmt.Sprint(c.err), c.text) {
+			t.Errorf("error %v: want ErrInvalid saying %q", c.err, c.text)
+		}
+	}
+	if _, err := st.Event(ctx, 1, ""); errors.Is(err, admin.ErrInvalid) || !errors.Is(err, admin.ErrEventNotFound) {
+		t.Errorf("a missing event: %v, want ErrEventNotFound and no ErrInvalid", err)
 	}
 }

@@ -158,7 +158,7 @@ type ReplayOptions struct {
 // Cancelling ctx stops it between batches; what it replayed stays replayed.
 func (s *Admin) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (int64, error) {
 	if opts.BatchSize < 0 {
-		return 0, fmt.Errorf("replay events: BatchSize %d is negative", opts.BatchSize)
+		return 0, invalid("replay events: BatchSize %d is negative", opts.BatchSize)
 	}
 	if opts.BatchSize == 0 {
 		opts.BatchSize = 1000
@@ -259,13 +259,13 @@ type CleanupResult struct {
 func (o CleanupOptions) WithDefaults() (CleanupOptions, error) {
 	switch {
 	case o.Dispatched < 0:
-		return o, fmt.Errorf("cleanup options: Dispatched %v is negative", o.Dispatched)
+		return o, invalid("cleanup options: Dispatched %v is negative", o.Dispatched)
 	case o.Processed < 0:
-		return o, fmt.Errorf("cleanup options: Processed %v is negative", o.Processed)
+		return o, invalid("cleanup options: Processed %v is negative", o.Processed)
 	case o.BatchSize < 0:
-		return o, fmt.Errorf("cleanup options: BatchSize %d is negative", o.BatchSize)
+		return o, invalid("cleanup options: BatchSize %d is negative", o.BatchSize)
 	case o.Pause < 0:
-		return o, fmt.Errorf("cleanup options: Pause %v is negative", o.Pause)
+		return o, invalid("cleanup options: Pause %v is negative", o.Pause)
 	}
 	if o.Dispatched == 0 {
 		o.Dispatched = DefaultDispatchedRetention

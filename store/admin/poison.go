@@ -76,11 +76,11 @@ type StuckEvent struct {
 func (s *Admin) Stuck(ctx context.Context, q StuckOptions) ([]StuckEvent, error) {
 	switch {
 	case q.OlderThan < 0:
-		return nil, fmt.Errorf("list stuck events: OlderThan %v is negative", q.OlderThan)
+		return nil, invalid("list stuck events: OlderThan %v is negative", q.OlderThan)
 	case q.Limit < 0:
-		return nil, fmt.Errorf("list stuck events: Limit %d is negative", q.Limit)
+		return nil, invalid("list stuck events: Limit %d is negative", q.Limit)
 	case q.Limit > MaxSelected:
-		return nil, fmt.Errorf("list stuck events: Limit %d is over the maximum of %d", q.Limit, MaxSelected)
+		return nil, invalid("list stuck events: Limit %d is over the maximum of %d", q.Limit, MaxSelected)
 	}
 	if q.OlderThan == 0 {
 		q.OlderThan = store.DefaultStuckAge
@@ -175,9 +175,9 @@ func (s *Admin) Park(ctx context.Context, sel Selector, reason string) (int64, e
 	reason = strings.TrimSpace(reason)
 	switch {
 	case reason == "":
-		return 0, fmt.Errorf("park events (%s): a reason is required", sel)
+		return 0, invalid("park events (%s): a reason is required", sel)
 	case len(reason) > store.MaxReason:
-		return 0, fmt.Errorf("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), store.MaxReason)
+		return 0, invalid("park events (%s): reason is %d bytes, over the limit of %d", sel, len(reason), store.MaxReason)
 	}
 	n, err := s.update(ctx, sel, actionStates[ActionPark], counted, "parked_at = now(), parked_reason = $1", reason)
 	if err != nil {

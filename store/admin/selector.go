@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -87,18 +86,18 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 	}
 	switch {
 	case len(sel.Seqs) > MaxSelected:
-		return "", nil, fmt.Errorf("selector: %d seqs, over the maximum of %d", len(sel.Seqs), MaxSelected)
+		return "", nil, invalid("selector: %d seqs, over the maximum of %d", len(sel.Seqs), MaxSelected)
 	case sel.FromSeq < 0 || sel.ToSeq < 0:
-		return "", nil, errors.New("selector: seqs must be positive")
+		return "", nil, invalid("selector: seqs must be positive")
 	case sel.ToSeq > 0 && sel.ToSeq < sel.FromSeq:
-		return "", nil, fmt.Errorf("selector: seq range %d..%d is empty", sel.FromSeq, sel.ToSeq)
+		return "", nil, invalid("selector: seq range %d..%d is empty", sel.FromSeq, sel.ToSeq)
 	case !sel.CreatedAfter.IsZero() && !sel.CreatedBefore.IsZero() && !sel.CreatedBefore.After(sel.CreatedAfter):
-		return "", nil, errors.New("selector: created-before is not after created-after")
+		return "", nil, invalid("selector: created-before is not after created-after")
 	}
 	if len(sel.Seqs) > 0 {
 		for _, id := range sel.Seqs {
 			if id <= 0 {
-				return "", nil, fmt.Errorf("selector: seq %d is not a valid event position", id)
+				return "", nil, invalid("selector: seq %d is not a valid event position", id)
 			}
 		}
 		conds = append(conds, col("seq")+" = ANY("+param(sel.Seqs)+"::bigint[])")
@@ -111,7 +110,7 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 	}
 	if sel.AggregateID != "" {
 		if err := event.CheckKey(sel.AggregateID); err != nil {
-			return "", nil, fmt.Errorf("selector: aggregate id %q %w", event.Truncate(sel.AggregateID, 64), err)
+			return "", nil, invalid("selector: aggregate id %q %w", event.Truncate(sel.AggregateID, 64), err)
 		}
 		conds = append(conds, col("aggregate_id")+" = "+param(sel.AggregateID))
 	}
@@ -128,7 +127,7 @@ func (sel Selector) where(alias string, next int) (string, []any, error) {
 		conds = append(conds, col("last_error")+" IS NOT NULL AND "+fingerprint(col("last_error"))+" = "+param(sel.Fingerprint))
 	}
 	if len(conds) == 0 {
-		return "", nil, errors.New("selector is empty: name event seqs, a seq range, an aggregate, a type, a time range or an error fingerprint")
+		return "", nil, invalid("selector is empty: name event seqs, a seq range, an aggregate, a type, a time range or an error fingerprint")
 	}
 	return strings.Join(conds, " AND "), args, nil
 }

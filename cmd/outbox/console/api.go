@@ -424,7 +424,7 @@ func (c *Console) events(r *http.Request) (Events, error) {
 	page, err := c.opts.Admin.EventsPage(r.Context(), q)
 	list := page.Events
 	if err != nil {
-		if strings.Contains(err.Error(), "is not a UUID") || strings.Contains(err.Error(), "created-before") {
+		if errors.Is(err, admin.ErrInvalid) {
 			return Events{}, badRequest("%v", err)
 		}
 		return Events{}, err
@@ -494,7 +494,7 @@ func (c *Console) event(r *http.Request) (EventDetail, error) {
 	}
 	d, err := c.opts.Admin.Event(r.Context(), seq, id)
 	if err != nil {
-		if strings.Contains(err.Error(), "is not a UUID") {
+		if errors.Is(err, admin.ErrInvalid) {
 			return EventDetail{}, badRequest("%v", err)
 		}
 		return EventDetail{}, err
@@ -712,7 +712,7 @@ func (c *Console) act(r *http.Request, action admin.Action, req ActionRequest) (
 		n, err = c.opts.Admin.Replay(ctx, ss, admin.ReplayOptions{})
 	}
 	if err != nil {
-		if strings.Contains(err.Error(), "reason is") {
+		if errors.Is(err, admin.ErrInvalid) {
 			return ActionResult{}, badRequest("%v", err)
 		}
 		if n > 0 {
