@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxhq/outbox"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // FuzzWriterValidate feeds arbitrary messages to Write. It must never
@@ -73,7 +73,7 @@ func FuzzWriterValidate(f *testing.F) {
 		if stored != string(payload) {
 			t.Fatalf("stored payload %q differs from the given %q", stored, payload)
 		}
-		if key := ec.args[1].(string); store.CheckKey(key) != nil || key != agg {
+		if key := ec.args[1].(string); event.CheckKey(key) != nil || key != agg {
 			t.Fatalf("accepted aggregate id %q stored as %q", agg, key)
 		}
 	})

@@ -17,6 +17,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,7 +149,11 @@ func (w *Writer) Write(ctx context.Context, tx DBTX, msgs ...Message) error {
 
 // SQLTx is what WriteSQL needs from a database/sql transaction: *sql.Tx
 // satisfies it, and so do *sql.Conn, *sql.DB and sqlx's types.
-type SQLTx = store.SQLExecer
+type SQLTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+var _ SQLTx = (*sql.Tx)(nil)
 
 // WriteSQL is Write for a database/sql transaction, with the same
 // validation and the same single statement. It works with any PostgreSQL

@@ -16,7 +16,7 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 // WriteSQL writes inside a database/sql transaction, whatever the driver,
@@ -80,7 +80,7 @@ func TestWriteSQLWithEachDriver(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			st, err := store.New(pool, cfg, nil)
+			st, err := tablesrc.New(pool, cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 const orderID = "0190a7f4-8c3e-7b2a-9d41-5e6f7a8b9c0d"
@@ -322,7 +323,7 @@ func TestPayloadStoredByteExact(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }); err != nil {
 		t.Fatal(err)
 	}
-	s, err := store.New(pool, cfg, nil)
+	s, err := tablesrc.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +382,7 @@ func TestWriteNotifiesAtCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Producers wake a relay that sleeps, as an idle one does.
-	st, err := store.New(pool, cfg, nil)
+	st, err := tablesrc.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

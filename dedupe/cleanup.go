@@ -14,13 +14,7 @@ import (
 // duplicate (a relay replay, a broker redelivery after a long outage, a
 // consumer reading from an old offset) runs again. Choose olderThan well
 // beyond the longest such horizon, in days rather than minutes.
-func (d *Deduper) Cleanup(ctx context.Context, olderThan time.Duration, batchSize int) (deleted int64, err error) {
-	return cleanup(ctx, olderThan, batchSize, func(ctx context.Context) (int64, error) {
-		return d.eng.processed.CleanupBatch(ctx, d.pool, d.eng.opts.Consumer, olderThan, batchSize)
-	})
-}
-
-func cleanup(ctx context.Context, olderThan time.Duration, batchSize int, batch func(ctx context.Context) (int64, error)) (deleted int64, err error) {
+func (d *Deduper[T]) Cleanup(ctx context.Context, olderThan time.Duration, batchSize int) (deleted int64, err error) {
 	switch {
 	case olderThan <= 0:
 		return 0, fmt.Errorf("clean up processed events: olderThan %v must be positive", olderThan)
@@ -31,7 +25,7 @@ func cleanup(ctx context.Context, olderThan time.Duration, batchSize int, batch 
 		if err := ctx.Err(); err != nil {
 			return deleted, fmt.Errorf("clean up processed events: %w", err)
 		}
-		n, err := batch(ctx)
+		n, err := d.tx.cleanup(ctx, d.processed, d.opts.Consumer, olderThan, batchSize)
 		if err != nil {
 			return deleted, fmt.Errorf("clean up processed events: %w", err)
 		}

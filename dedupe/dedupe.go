@@ -1,34 +1,13 @@
-// Package dedupe turns the relay's at-least-once delivery into exactly-once
-// effects on the consumer's PostgreSQL database.
-//
-// Each event is recorded in the processed_events table inside the same
-// transaction as the handler's writes. The first delivery inserts the row,
-// runs the handler and commits both together; any later delivery finds the
-// row and is acknowledged without running the handler. A handler that fails
-// or panics rolls the row back with its writes, so the redelivered event
-// runs again.
-//
-// With Watermill, add the middleware to a router and reach the transaction
-// with TxFromContext, or wrap handlers with Handler and NoPublishHandler to
-// receive it as an argument:
-//
-//	d, err := dedupe.New(pool, dedupe.Options{Consumer: "loyalty"})
-//	router.AddMiddleware(d.Middleware)
-//
-// Outside Watermill, Process gives the same guarantee for an event identity
-// the caller supplies.
-//
-// Handlers on database/sql (pgx's stdlib driver, lib/pq, sqlx, GORM...)
-// use NewSQL instead: the same Deduper over a *sql.DB, with *sql.Tx where
-// this one has pgx.Tx.
 package dedupe
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -100,61 +79,82 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// Deduper records processed events for one consumer, in pgx
-// transactions. It is safe for concurrent use, also by many processes
-// sharing the database. SQLDeduper is the same for database/sql.
-type Deduper struct {
-	pool *pgxpool.Pool
-	eng  *engine[pgx.Tx]
+// Deduper records processed events for one consumer, in transactions of
+// type T: pgx.Tx for a Deduper from New, *sql.Tx for one from NewSQL. It is
+// safe for concurrent use, also by many processes sharing the database.
+type Deduper[T any] struct {
+	opts      Options
+	log       *slog.Logger
+	processed *store.Processed
+	tx        txOps[T]
 }
 
-// New returns a Deduper over pool. The schema must have been migrated
-// (store.Migrate), which creates the processed table.
-func New(pool *pgxpool.Pool, opts Options) (*Deduper, error) {
+// txOps is what differs between the database APIs: how to begin, end and
+// clean up, and which statement records in a T.
+type txOps[T any] struct {
+	begin    func(ctx context.Context) (T, error) // at read committed
+	record   func(ctx context.Context, p *store.Processed, tx T, consumer, eventID string) (isNew bool, err error)
+	commit   func(ctx context.Context, tx T) error
+	rollback func(ctx context.Context, tx T) error
+	cleanup  func(ctx context.Context, p *store.Processed, consumer string, olderThan time.Duration, limit int) (int64, error)
+}
+
+// New returns a Deduper over pool, processing events in pgx transactions.
+// The schema must have been migrated, which creates the processed table.
+func New(pool *pgxpool.Pool, opts Options) (*Deduper[pgx.Tx], error) {
 	if pool == nil {
 		return nil, errors.New("new deduper: pool is nil")
 	}
-	d := &Deduper{pool: pool}
-	eng, err := newEngine(opts, d, engineOps[pgx.Tx]{
+	return newDeduper(opts, txOps[pgx.Tx]{
 		// Read committed, whatever the server's default: the insert must
 		// wait for a concurrent duplicate and then see its outcome, where
 		// stricter levels fail it with a serialization error instead.
 		begin: func(ctx context.Context) (pgx.Tx, error) {
 			return pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		},
-		record:   (*store.Processed).Record,
+		record: func(ctx context.Context, p *store.Processed, tx pgx.Tx, consumer, eventID string) (bool, error) {
+			return p.Record(ctx, tx, consumer, eventID)
+		},
 		commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
 		rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+		cleanup: func(ctx context.Context, p *store.Processed, consumer string, olderThan time.Duration, limit int) (int64, error) {
+			return p.CleanupBatch(ctx, pool, consumer, olderThan, limit)
+		},
 	})
+}
+
+// NewSQL returns a Deduper over db, processing events in database/sql
+// transactions: the same records in the same table with the same
+// guarantees as New's. It works with any PostgreSQL driver (pgx's stdlib,
+// lib/pq). The schema must have been migrated.
+func NewSQL(db *sql.DB, opts Options) (*Deduper[*sql.Tx], error) {
+	if db == nil {
+		return nil, errors.New("new deduper: db is nil")
+	}
+	return newDeduper(opts, txOps[*sql.Tx]{
+		// Read committed, as in New: see there.
+		begin: func(ctx context.Context) (*sql.Tx, error) {
+			return db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		},
+		record: func(ctx context.Context, p *store.Processed, tx *sql.Tx, consumer, eventID string) (bool, error) {
+			return p.RecordSQL(ctx, tx, consumer, eventID)
+		},
+		commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+		rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
+		cleanup: func(ctx context.Context, p *store.Processed, consumer string, olderThan time.Duration, limit int) (int64, error) {
+			return p.CleanupBatchSQL(ctx, db, consumer, olderThan, limit)
+		},
+	})
+}
+
+func newDeduper[T any](opts Options, tx txOps[T]) (*Deduper[T], error) {
+	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("new deduper: %w", err)
 	}
-	d.eng = eng
-	return d, nil
-}
-
-// TxFromContext returns the transaction the event is being processed in:
-// the handler's writes on it commit together with the dedupe record. It is
-// set in the message context by Middleware and in the context Process
-// passes to its function.
-func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	return txFrom[pgx.Tx](ctx)
-}
-
-// Process runs fn once per event identity for this consumer. It begins a
-// transaction, records eventID and, when the event is new, calls fn with the
-// transaction (also reachable with TxFromContext) and commits. applied
-// reports whether fn ran and committed. A known event returns false and a
-// nil error without calling fn. When fn returns an error, Process rolls
-// back, the record included, and returns that error as it is; a panic in fn
-// rolls back too and goes on up.
-//
-// A delivery of an event that another transaction is processing waits for
-// it: when that one commits, this one is skipped; when it rolls back, this
-// one runs.
-func (d *Deduper) Process(ctx context.Context, eventID string, fn func(ctx context.Context, tx pgx.Tx) error) (applied bool, err error) {
-	if err := checkEventID(eventID); err != nil {
-		return false, fmt.Errorf("process event: %w", err)
+	processed, err := store.NewProcessed(o.Store)
+	if err != nil {
+		return nil, fmt.Errorf("new deduper: %w", err)
 	}
-	return d.eng.run(ctx, eventID, true, fn)
+	return &Deduper[T]{opts: o, log: o.Logger.With("consumer", o.Consumer), processed: processed, tx: tx}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 func TestNewRejectsBadOptions(t *testing.T) {
@@ -79,7 +80,7 @@ func TestProcessRunsOncePerEvent(t *testing.T) {
 	id := uuid.NewString()
 	for i, want := range []bool{true, false, false} {
 		applied, err := d.Process(ctx, id, func(ctx context.Context, tx pgx.Tx) error {
-			if got, ok := dedupe.TxFromContext(ctx); !ok || got != tx {
+			if got, ok := dedupe.TxFromContext[pgx.Tx](ctx); !ok || got != tx {
 				t.Error("the context does not carry the transaction")
 			}
 			return c.apply(ctx, tx)
@@ -231,7 +232,7 @@ func TestCleanup(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		id := uuid.NewString()
 		oldIDs = append(oldIDs, id)
-		for _, dd := range []*dedupe.Deduper{d, other} {
+		for _, dd := range []*dedupe.Deduper[pgx.Tx]{d, other} {
 			if _, err := dd.Process(ctx, id, nop); err != nil {
 				t.Fatal(err)
 			}
@@ -287,7 +288,7 @@ func TestProcessUsesConfiguredTable(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	ctx := context.Background()
 	custom := store.Config{Schema: cfg.Schema, Table: "orders outbox", ProcessedTable: "Inbox"}
-	if _, err := store.Migrate(ctx, pool, custom); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, custom); err != nil {
 		t.Fatal(err)
 	}
 	d, err := dedupe.New(pool, dedupe.Options{Consumer: "billing", Store: custom})

@@ -61,7 +61,7 @@ func Example() {
 		if err := json.Unmarshal(msg.Payload, &order); err != nil {
 			return fmt.Errorf("decode order: %w", err)
 		}
-		tx, _ := dedupe.TxFromContext(msg.Context())
+		tx, _ := dedupe.TxFromContext[pgx.Tx](msg.Context())
 		_, err := tx.Exec(msg.Context(), `INSERT INTO loyalty_points (customer_id, balance) VALUES ($1, $2)
 ON CONFLICT (customer_id) DO UPDATE SET balance = loyalty_points.balance + EXCLUDED.balance`,
 			order.CustomerID, order.Points)
@@ -136,7 +136,7 @@ func ExampleDeduper_Process() {
 // Delete records past the retention window nightly, in batches of 10,000.
 // The window must exceed the longest time an event can be redelivered.
 func ExampleDeduper_Cleanup() {
-	var d *dedupe.Deduper
+	var d *dedupe.Deduper[pgx.Tx]
 	ctx := context.Background()
 	for {
 		deleted, err := d.Cleanup(ctx, 30*24*time.Hour, 10_000)

@@ -29,7 +29,7 @@ func FuzzEventID(f *testing.F) {
 	f.Add("\xff\xfe", true)
 	f.Add(strings.Repeat("x", dedupe.MaxEventIDBytes), true)
 
-	var d *dedupe.Deduper
+	var d *dedupe.Deduper[pgx.Tx]
 	if os.Getenv(pgtest.EnvURL) != "" {
 		pool, cfg := pgtest.Schema(f)
 		var err error

@@ -291,7 +291,7 @@ func orderEvent(points int64) (*core.Event, string) {
 func publish(t *testing.T, pub message.Publisher, topic string, e *core.Event, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		if err := pub.Publish(topic, wm.Message(e)); err != nil {
+		if err := pub.Publish(topic, wm.NewMessage(e)); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/outboxhq/outbox/core/event"
 )
 
@@ -74,28 +73,65 @@ func checkEventID(id string) error {
 // on its own: that publish is not atomic with the database, and a crash
 // between the two loses them. Writing the next event with outbox.Writer on
 // the transaction instead commits it together with the handler's effects.
-func (d *Deduper) Middleware(h message.HandlerFunc) message.HandlerFunc { return d.eng.middleware(h) }
+func (d *Deduper[T]) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		id, idErr := EventID(msg)
+		if _, ok := d.active(ctx, id); ok {
+			return h(msg) // an inner wrapper of the same deduper
+		}
+		record := true
+		if idErr != nil {
+			d.log.ErrorContext(ctx, "message without event identity",
+				"message_uuid", msg.UUID,
+				"handler", message.HandlerNameFromCtx(ctx),
+				"topic", message.SubscribeTopicFromCtx(ctx),
+				"policy", d.opts.MissingID.String(),
+				"error", idErr)
+			if d.opts.MissingID == Reject {
+				return nil, fmt.Errorf("dedupe message %s: %w", msg.UUID, idErr)
+			}
+			record = false
+		}
+		var out []*message.Message
+		applied, err := d.run(ctx, id, record, func(txCtx context.Context, _ T) error {
+			msg.SetContext(txCtx)
+			defer msg.SetContext(ctx)
+			var err error
+			out, err = h(msg)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !applied {
+			d.log.DebugContext(ctx, "skipped duplicate event", "event_id", id, "message_uuid", msg.UUID)
+			return nil, nil
+		}
+		return out, nil
+	}
+}
 
-// TxHandlerFunc handles one message in the dedupe transaction.
-type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error)
+// HandlerFunc handles one message in the dedupe transaction tx.
+type HandlerFunc[T any] func(ctx context.Context, tx T, msg *message.Message) ([]*message.Message, error)
 
-// TxNoPublishHandlerFunc handles one message in the dedupe transaction and
+// NoPublishHandlerFunc handles one message in the dedupe transaction tx and
 // produces no messages.
-type TxNoPublishHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
+type NoPublishHandlerFunc[T any] func(ctx context.Context, tx T, msg *message.Message) error
 
 // Handler adapts fn to a Watermill handler deduplicated as by Middleware,
 // passing it the transaction. It may also sit behind Middleware of the same
 // Deduper, and then shares its transaction.
-func (d *Deduper) Handler(fn TxHandlerFunc) message.HandlerFunc {
+func (d *Deduper[T]) Handler(fn HandlerFunc[T]) message.HandlerFunc {
 	return d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := TxFromContext(msg.Context())
+		tx, _ := TxFromContext[T](msg.Context())
 		return fn(msg.Context(), tx, msg)
 	})
 }
 
 // NoPublishHandler is Handler for router.AddConsumerHandler.
-func (d *Deduper) NoPublishHandler(fn TxNoPublishHandlerFunc) message.NoPublishHandlerFunc {
-	h := d.Handler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+func (d *Deduper[T]) NoPublishHandler(fn NoPublishHandlerFunc[T]) message.NoPublishHandlerFunc {
+	h := d.Handler(func(ctx context.Context, tx T, msg *message.Message) ([]*message.Message, error) {
 		return nil, fn(ctx, tx, msg)
 	})
 	return func(msg *message.Message) error {

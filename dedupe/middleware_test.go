@@ -26,11 +26,12 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
-func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext(msg.Context()) }
+func txFrom(msg *message.Message) (pgx.Tx, bool) { return dedupe.TxFromContext[pgx.Tx](msg.Context()) }
 
-func newDeduper(t *testing.T, pool *pgxpool.Pool, cfg store.Config, consumer string) *dedupe.Deduper {
+func newDeduper(t *testing.T, pool *pgxpool.Pool, cfg store.Config, consumer string) *dedupe.Deduper[pgx.Tx] {
 	t.Helper()
 	d, err := dedupe.New(pool, dedupe.Options{Consumer: consumer, Store: cfg})
 	if err != nil {
@@ -77,7 +78,7 @@ func TestRelayReplayMovesBalanceOnce(t *testing.T) {
 		topic := randomName("orders_")
 		o := startRouter(t, b.newSubscriber(t, "loyalty"), topic, l.handler, d.Middleware)
 
-		st, err := store.New(pool, cfg, nil)
+		st, err := table.New(pool, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -397,7 +398,7 @@ func TestHandlerBehindMiddlewareSharesTransaction(t *testing.T) {
 	d := newDeduper(t, pool, cfg, "loyalty")
 	var same atomic.Bool
 	h := d.Handler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-		outer, _ := dedupe.TxFromContext(ctx)
+		outer, _ := dedupe.TxFromContext[pgx.Tx](ctx)
 		same.Store(outer == tx)
 		return nil, l.award(ctx, tx, msg.Payload)
 	})
@@ -538,7 +539,7 @@ func TestEventIDAcrossRelayVersions(t *testing.T) {
 	const uid = "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b"
 	for name, md := range map[string]message.Metadata{
 		"before migration 5": {event.HeaderEventID: "41", event.HeaderEventUID: uid},
-		"after migration 5":  wm.Message(&core.Event{Seq: 41, ID: uid, AggregateID: "a", Type: "t.x"}).Metadata,
+		"after migration 5":  wm.NewMessage(&core.Event{Seq: 41, ID: uid, AggregateID: "a", Type: "t.x"}).Metadata,
 		"event_id only":      {event.HeaderEventID: uid},
 	} {
 		msg := message.NewMessage(watermill.NewUUID(), nil)

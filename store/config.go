@@ -191,6 +191,7 @@ type Names struct {
 	KeySyncFunc, KeySyncTrigger, KeyNotNull            string // migration 7's new column, until the swap
 	AggregateIdxNew, RetryIdxNew                       string
 	Channel                                            string // raw, for pg_notify and LISTEN
+	WakeKey                                            string // raw, the sleeping relay's lock key (see WakeKeyLiteral)
 	ChannelLiteral                                     string // quoted, for the notify trigger
 }
 
@@ -219,6 +220,7 @@ func (c Config) Names() Names {
 		RowCheck:       Ident(c.Table + "_row_check"),
 		RowCheckFunc:   Ident(c.Schema, c.Table+"_check_row"),
 		WakeKeyLiteral: Literal(wakeKey(c.Schema, c.Table)),
+		WakeKey:        wakeKey(c.Schema, c.Table),
 		DispatchedIdx:  Ident(autoIndexName(c.Table, "dispatched_at")),
 		ParkedIdx:      Ident(autoIndexName(c.Table, "id")),
 

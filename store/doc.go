@@ -1,8 +1,10 @@
-// Package store is the PostgreSQL side of the outbox, on pgx v5: versioned
-// schema migrations, the relay's claiming (FOR UPDATE SKIP LOCKED, with the
-// per-aggregate gate of ordered mode), LISTEN/NOTIFY wake-ups and the
-// operator queries behind the admin commands.
+// Package store holds what the outbox's PostgreSQL parts share: the
+// Config that names an outbox's tables, the producer's Insert, the
+// consumer dedupe table's statements (Processed), a stored row as the
+// sources read it (Row), the backlog counts, the hand-off notice and the
+// lock that keeps table mode and log mode apart.
 //
-// A Store implements core.Source, core.Notifier, core.Pinger and
-// core.BacklogReader.
+// The parts themselves are its subpackages: the table source
+// (store/table), the log source (store/logrelay), the schema's
+// migrations (store/migrate) and the operator queries (store/admin).
 package store

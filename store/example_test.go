@@ -12,6 +12,8 @@ import (
 	"github.com/outboxhq/outbox/brokers/stdout"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // Migrate the schema, open the store and relay its events until
@@ -27,10 +29,10 @@ func Example() {
 	}
 	defer pool.Close()
 	cfg := store.Config{Schema: "app"}
-	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, cfg); err != nil {
 		log.Fatal(err)
 	}
-	s, err := store.New(pool, cfg, logger)
+	s, err := table.New(pool, cfg, logger)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -62,7 +62,7 @@ const MaxReason = 2000
 
 // Reason makes a failure's reason storable (see AsText) and cuts it to
 // MaxReason bytes.
-func Reason(s string) string { return truncate(AsText(s), MaxReason) }
+func Reason(s string) string { return event.Truncate(AsText(s), MaxReason) }
 
 // AsText makes s storable as text: an error message can carry any bytes
 // (a broker's reply, a payload quoted back), and PostgreSQL refuses
@@ -70,15 +70,4 @@ func Reason(s string) string { return truncate(AsText(s), MaxReason) }
 // record, and the batch's next attempt the same way, for good.
 func AsText(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
 }

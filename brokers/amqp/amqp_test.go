@@ -77,7 +77,7 @@ func viaProxy(t testing.TB, raw string) (string, *brokertest.Proxy) {
 }
 
 // read consumes n messages from the queue named topic.
-func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
+func read(t *testing.T, raw, queue string, n int) []brokertest.Received {
 	t.Helper()
 	conn, err := amqp091.Dial(raw)
 	if err != nil {
@@ -93,7 +93,7 @@ func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
 		t.Fatalf("consume %s: %v", queue, err)
 	}
 	timeout := time.After(20 * time.Second)
-	var got []brokertest.Message
+	var got []brokertest.Received
 	for len(got) < n {
 		select {
 		case d := <-deliveries:
@@ -107,7 +107,7 @@ func read(t *testing.T, raw, queue string, n int) []brokertest.Message {
 			if d.MessageId != h[event.HeaderEventID] {
 				t.Errorf("message id %q, want the event uid %q", d.MessageId, h[event.HeaderEventID])
 			}
-			got = append(got, brokertest.Message{Headers: h, ContentType: d.ContentType, Body: d.Body})
+			got = append(got, brokertest.Received{Headers: h, ContentType: d.ContentType, Body: d.Body})
 		case <-timeout:
 			t.Fatalf("queue %s: %d messages, want %d", queue, len(got), n)
 		}
@@ -137,7 +137,7 @@ func TestConformance(t *testing.T) {
 			}
 			return pub
 		},
-		Read: func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, raw, topic, n) },
+		Read: func(t *testing.T, topic string, n int) []brokertest.Received { return read(t, raw, topic, n) },
 		Stop: func(t *testing.T, _ core.Publisher) {
 			proxy.Cut()
 			select {

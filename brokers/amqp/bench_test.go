@@ -42,7 +42,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 		defer pub.Close()
 		brokertest.BenchFunc(b, func(lane int, seq int64) error {
-			return pub.Publish(topic, wm.Message(&core.Event{Seq: seq, ID: "u", AggregateID: "a", Type: "bench.event",
+			return pub.Publish(topic, wm.NewMessage(&core.Event{Seq: seq, ID: "u", AggregateID: "a", Type: "bench.event",
 				Payload: []byte(`{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`)}))
 		})
 	})

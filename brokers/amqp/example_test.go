@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/amqp"
@@ -54,7 +55,7 @@ func ExampleSubscriberConfig() {
 
 	// The service's router, and its Deduper named "billing" as well.
 	var router *message.Router
-	var d *dedupe.Deduper
-	var handler dedupe.TxNoPublishHandlerFunc
+	var d *dedupe.Deduper[pgx.Tx]
+	var handler dedupe.NoPublishHandlerFunc[pgx.Tx]
 	router.AddConsumerHandler("billing", "order", sub, d.NoPublishHandler(handler))
 }

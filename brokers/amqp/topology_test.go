@@ -17,7 +17,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // channel opens a channel on a connection of the test's own.
@@ -138,7 +139,11 @@ func TestRelayKeepsUnroutedEventPending(t *testing.T) {
 	raw := rabbitURL(t)
 	ctx := t.Context()
 	pool, cfg := pgtest.Schema(t)
-	s, err := store.New(pool, cfg, nil)
+	s, err := table.New(pool, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := admin.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +204,7 @@ VALUES ($1, 'order-1', 'order.placed', '{"n":1}') RETURNING seq`, uuid.NewString
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	stuck, err := s.Stuck(ctx, store.StuckOptions{OlderThan: time.Millisecond})
+	stuck, err := ad.Stuck(ctx, admin.StuckOptions{OlderThan: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,8 +29,8 @@ import (
 	"github.com/outboxhq/outbox/internal/memsource"
 )
 
-// Message is one message as it arrived at the broker.
-type Message struct {
+// Received is one message as it arrived at the broker.
+type Received struct {
 	Key     string            // Kafka key, Pub/Sub ordering key, or the broker's equivalent
 	Headers map[string]string // headers, metadata or attributes
 	// ContentType as the broker carries it natively: the content-type
@@ -48,7 +48,7 @@ type Harness struct {
 	Open func(t *testing.T, r *brokers.Routing, topics []string) core.Publisher
 	// Read returns the first n messages that arrived on topic, in arrival
 	// order for each key, failing the test when fewer arrive in time.
-	Read func(t *testing.T, topic string, n int) []Message
+	Read func(t *testing.T, topic string, n int) []Received
 	// Stop makes the broker behind pub unreachable, such as by shutting it
 	// down or cutting the connection (see Proxy). Nil skips that case.
 	Stop func(t *testing.T, pub core.Publisher)
@@ -249,7 +249,7 @@ func (s suite) binary(t *testing.T) {
 		}
 	}
 	got := s.h.Read(t, prefix+"sensor", 2)
-	byType := map[string]Message{}
+	byType := map[string]Received{}
 	for _, m := range got {
 		byType[m.Headers[event.HeaderType]] = m
 	}

@@ -22,6 +22,8 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // ConsumerHarness connects RunConsumers to one broker: the relay's
@@ -67,45 +69,71 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 	if h.Timeout == 0 {
 		h.Timeout = 30 * time.Second
 	}
-	ctx := t.Context()
+	c := newConsumersRun(t, h)
+	start := time.Now()
+	c.write(t)
+	ad := c.relay(t, start)
+	c.replay(t, ad)
+	for i, svc := range consumerServices {
+		c.check(t, svc, i == 0)
+	}
+}
+
+// consumersRun is one RunConsumers: its schema, the table where the
+// services apply events, and what each service's router counted.
+type consumersRun struct {
+	h       ConsumerHarness
+	pool    *pgxpool.Pool
+	cfg     store.Config
+	applied string // the services' effects table, quoted
+	topic   string
+	aggs    []string
+	counts  map[string]*deliveries
+}
+
+// newConsumersRun makes the schema and the effects table, and starts every
+// service's consumer: services subscribe first, as a queue or subscription
+// created after an event was published never gets it.
+func newConsumersRun(t *testing.T, h ConsumerHarness) *consumersRun {
+	t.Helper()
 	pool, cfg := pgtest.Schema(t)
 	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied := pgx.Identifier{cfg.Schema, "applied"}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+applied+` (
+	c := &consumersRun{h: h, pool: pool, cfg: cfg, applied: pgx.Identifier{cfg.Schema, "applied"}.Sanitize(),
+		topic: "consumers-" + uniquePrefix()[2:12], aggs: make([]string, consumerAggregates), counts: map[string]*deliveries{}}
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE `+c.applied+` (
     id bigserial PRIMARY KEY, service text NOT NULL, aggregate text NOT NULL, n int NOT NULL)`); err != nil {
 		t.Fatalf("create applied table: %v", err)
 	}
-	topic := "consumers-" + uniquePrefix()[2:12]
-	aggs := make([]string, consumerAggregates)
-	for i := range aggs {
-		aggs[i] = fmt.Sprintf("acct-%d", i)
+	for i := range c.aggs {
+		c.aggs[i] = fmt.Sprintf("acct-%d", i)
 	}
-
-	// Services subscribe first: a queue or subscription created after an
-	// event was published never gets it.
-	counts := map[string]*deliveries{}
 	for i, svc := range consumerServices {
-		c := &deliveries{}
-		counts[svc] = c
+		d := &deliveries{}
+		c.counts[svc] = d
 		failOn := ""
 		if i == 0 {
-			failOn = aggs[0] + "/3"
+			failOn = c.aggs[0] + "/3"
 		}
-		startConsumer(t, h, pool, cfg, svc, topic, applied, c, failOn)
+		startConsumer(t, h, pool, cfg, svc, c.topic, c.applied, d, failOn)
 	}
+	return c
+}
 
-	start := time.Now()
-	w, err := outbox.NewWriter(outbox.WriterOptions{Store: cfg})
+// write writes every event with outbox.Writer, interleaving the aggregates.
+func (c *consumersRun) write(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	w, err := outbox.NewWriter(outbox.WriterOptions{Store: c.cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for n := 1; n <= consumerEvents; n++ {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			msgs := make([]outbox.Message, 0, len(aggs))
-			for _, a := range aggs {
+		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			msgs := make([]outbox.Message, 0, len(c.aggs))
+			for _, a := range c.aggs {
 				msgs = append(msgs, outbox.Message{AggregateID: a, Type: "account.changed", Payload: map[string]int{"n": n}})
 			}
 			return w.Write(ctx, tx, msgs...)
@@ -114,12 +142,23 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 			t.Fatalf("write events: %v", err)
 		}
 	}
+}
 
-	st, err := store.New(pool, cfg, nil)
+// relay starts the core relay through the adapter and waits until every
+// service acknowledged every event, written since start. It returns the
+// operator's view of the outbox.
+func (c *consumersRun) relay(t *testing.T, start time.Time) *admin.Admin {
+	t.Helper()
+	ctx := t.Context()
+	st, err := table.New(c.pool, c.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := h.Publisher(t, &brokers.Routing{Fixed: topic})
+	ad, err := admin.New(c.pool, c.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := c.h.Publisher(t, &brokers.Routing{Fixed: c.topic})
 	t.Cleanup(func() { _ = pub.Close() })
 	relay, err := core.New(st, pub, core.Options{PollInterval: 20 * time.Millisecond})
 	if err != nil {
@@ -129,62 +168,77 @@ func RunConsumers(t *testing.T, h ConsumerHarness) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = relay.Stop(context.Background()) })
-	dispatched := func() bool {
-		s, err := st.Status(ctx, store.StatusOptions{})
-		return err == nil && s.Pending == 0
-	}
-	waitUntil(t, h.Timeout, "the relay to dispatch every event", dispatched)
+	waitUntil(t, c.h.Timeout, "the relay to dispatch every event", c.dispatched(ctx, ad))
 	t.Logf("relayed %d events in %v", consumerAggregates*consumerEvents, time.Since(start).Round(time.Millisecond))
 	// Every service must have had every event before the replay, or a
 	// replayed copy could be the first one a service sees.
-	total := consumerAggregates * consumerEvents
-	for _, svc := range consumerServices {
-		waitUntil(t, h.Timeout, svc+" to acknowledge every event", func() bool { return counts[svc].acked() >= total })
-	}
+	c.waitAcked(t, "every event", consumerAggregates*consumerEvents)
+	return ad
+}
 
-	replayed, err := st.Replay(ctx, store.Selector{AggregateID: aggs[1]}, store.ReplayOptions{})
+// replay has an operator replay one aggregate's events and waits until
+// every service acknowledged the copies.
+func (c *consumersRun) replay(t *testing.T, ad *admin.Admin) {
+	t.Helper()
+	replayed, err := ad.Replay(t.Context(), admin.Selector{AggregateID: c.aggs[1]}, admin.ReplayOptions{})
 	if err != nil || replayed != consumerEvents {
-		t.Fatalf("replay %s: %d events, %v; want %d", aggs[1], replayed, err, consumerEvents)
+		t.Fatalf("replay %s: %d events, %v; want %d", c.aggs[1], replayed, err, consumerEvents)
 	}
-	waitUntil(t, h.Timeout, "the relay to publish the replayed events", dispatched)
-	for _, svc := range consumerServices {
-		c := counts[svc]
-		waitUntil(t, h.Timeout, svc+" to acknowledge the replayed copies", func() bool { return c.acked() >= total+consumerEvents })
-	}
+	waitUntil(t, c.h.Timeout, "the relay to publish the replayed events", c.dispatched(t.Context(), ad))
+	c.waitAcked(t, "the replayed copies", consumerAggregates*consumerEvents+consumerEvents)
+}
 
-	for i, svc := range consumerServices {
-		c := counts[svc]
-		if i == 0 && c.failed() != 1 {
-			t.Errorf("%s: %d failed deliveries, want the 1 injected", svc, c.failed())
-		}
-		if c.redeliveredAfterFailure() != 1 && i == 0 {
-			t.Errorf("%s: the failed event was not redelivered", svc)
-		}
-		c.mu.Lock()
-		if len(c.disorder) > 0 {
-			t.Errorf("%s: events handled out of order: %v", svc, c.disorder)
-		}
-		c.mu.Unlock()
-		got := appliedOrder(t, pool, applied, svc)
-		for _, a := range aggs {
-			want := make([]int, consumerEvents)
-			for n := range want {
-				want[n] = n + 1
-			}
-			if !slices.Equal(got[a], want) {
-				t.Errorf("%s applied %s's events as %v, want each once in order %v", svc, a, got[a], want)
-			}
-		}
-		var records int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{cfg.Schema, cfg.ProcessedTable}.Sanitize()+
-			` WHERE consumer = $1`, svc).Scan(&records); err != nil {
-			t.Fatal(err)
-		}
-		if records != total {
-			t.Errorf("%s: %d processed records, want %d", svc, records, total)
-		}
-		t.Logf("%s: %d deliveries acknowledged, %d failed, %d events applied", svc, c.acked(), c.failed(), total)
+func (c *consumersRun) dispatched(ctx context.Context, ad *admin.Admin) func() bool {
+	return func() bool {
+		s, err := ad.Status(ctx, admin.StatusOptions{})
+		return err == nil && s.Pending == 0
 	}
+}
+
+func (c *consumersRun) waitAcked(t *testing.T, what string, n int) {
+	t.Helper()
+	for _, svc := range consumerServices {
+		d := c.counts[svc]
+		waitUntil(t, c.h.Timeout, svc+" to acknowledge "+what, func() bool { return d.acked() >= n })
+	}
+}
+
+// check says whether svc applied every event once and in order, recorded
+// each once, and (injected) had its one failed delivery redelivered.
+func (c *consumersRun) check(t *testing.T, svc string, injected bool) {
+	t.Helper()
+	d := c.counts[svc]
+	if injected && d.failed() != 1 {
+		t.Errorf("%s: %d failed deliveries, want the 1 injected", svc, d.failed())
+	}
+	if d.redeliveredAfterFailure() != 1 && injected {
+		t.Errorf("%s: the failed event was not redelivered", svc)
+	}
+	d.mu.Lock()
+	if len(d.disorder) > 0 {
+		t.Errorf("%s: events handled out of order: %v", svc, d.disorder)
+	}
+	d.mu.Unlock()
+	got := appliedOrder(t, c.pool, c.applied, svc)
+	want := make([]int, consumerEvents)
+	for n := range want {
+		want[n] = n + 1
+	}
+	for _, a := range c.aggs {
+		if !slices.Equal(got[a], want) {
+			t.Errorf("%s applied %s's events as %v, want each once in order %v", svc, a, got[a], want)
+		}
+	}
+	total := consumerAggregates * consumerEvents
+	var records int
+	if err := c.pool.QueryRow(t.Context(), `SELECT count(*) FROM `+pgx.Identifier{c.cfg.Schema, c.cfg.ProcessedTable}.Sanitize()+
+		` WHERE consumer = $1`, svc).Scan(&records); err != nil {
+		t.Fatal(err)
+	}
+	if records != total {
+		t.Errorf("%s: %d processed records, want %d", svc, records, total)
+	}
+	t.Logf("%s: %d deliveries acknowledged, %d failed, %d events applied", svc, d.acked(), d.failed(), total)
 }
 
 // startConsumer runs one service's router until the test ends: the

@@ -36,10 +36,10 @@ func ExampleRun() {
 				w = &buffer{}
 				return stdout.New(w, r)
 			},
-			Read: func(t *testing.T, topic string, n int) []brokertest.Message {
+			Read: func(t *testing.T, topic string, n int) []brokertest.Received {
 				w.mu.Lock()
 				defer w.mu.Unlock()
-				var got []brokertest.Message
+				var got []brokertest.Received
 				dec := json.NewDecoder(bytes.NewReader(w.b.Bytes()))
 				for dec.More() {
 					var l stdout.Line
@@ -56,7 +56,7 @@ func ExampleRun() {
 						if l.PayloadBase64 != nil {
 							body = l.PayloadBase64
 						}
-						got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
+						got = append(got, brokertest.Received{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
 					}
 				}
 				if len(got) < n {

@@ -24,13 +24,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // keeps nothing for later subscribers) and records arrivals per topic.
 type collector struct {
 	mu   sync.Mutex
-	got  map[string][]brokertest.Message
+	got  map[string][]brokertest.Received
 	wake chan struct{}
 	wg   sync.WaitGroup
 }
 
 func subscribe(t *testing.T, ch *wmgo.GoChannel, topics []string) *collector {
-	c := &collector{got: map[string][]brokertest.Message{}, wake: make(chan struct{}, 1)}
+	c := &collector{got: map[string][]brokertest.Received{}, wake: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	for _, topic := range topics {
 		msgs, err := ch.Subscribe(ctx, topic)
@@ -56,7 +56,7 @@ func subscribe(t *testing.T, ch *wmgo.GoChannel, topics []string) *collector {
 	return c
 }
 
-func (c *collector) read(t *testing.T, topic string, n int) []brokertest.Message {
+func (c *collector) read(t *testing.T, topic string, n int) []brokertest.Received {
 	deadline := time.After(10 * time.Second)
 	for {
 		c.mu.Lock()
@@ -87,16 +87,16 @@ func TestConformance(t *testing.T) {
 			recv = subscribe(t, ch, topics)
 			return gochannel.New(ch, r)
 		},
-		Read:  func(t *testing.T, topic string, n int) []brokertest.Message { return recv.read(t, topic, n) },
+		Read:  func(t *testing.T, topic string, n int) []brokertest.Received { return recv.read(t, topic, n) },
 		Stop:  func(t *testing.T, _ core.Publisher) { _ = ch.Close() },
 		NoKey: true,
 	})
 }
 
-func toMessage(m *message.Message) brokertest.Message {
+func toMessage(m *message.Message) brokertest.Received {
 	h := make(map[string]string, len(m.Metadata))
 	for k, v := range m.Metadata {
 		h[k] = v
 	}
-	return brokertest.Message{Headers: h, ContentType: h[event.HeaderContentType], Body: m.Payload}
+	return brokertest.Received{Headers: h, ContentType: h[event.HeaderContentType], Body: m.Payload}
 }

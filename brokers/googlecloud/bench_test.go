@@ -52,7 +52,7 @@ func benchWatermill(b *testing.B, addr string, ps *pubsub.PublishSettings) {
 	}
 	defer pub.Close()
 	brokertest.BenchFunc(b, func(lane int, seq int64) error {
-		return pub.Publish("bench", wm.Message(&core.Event{Seq: seq, ID: "u", AggregateID: "a" + string(rune('a'+lane)),
+		return pub.Publish("bench", wm.NewMessage(&core.Event{Seq: seq, ID: "u", AggregateID: "a" + string(rune('a'+lane)),
 			Type: "bench.event", Payload: []byte(`{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`)}))
 	})
 }

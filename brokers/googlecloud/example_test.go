@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmgc "github.com/ThreeDotsLabs/watermill-googlecloud/pkg/googlecloud"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"cloud.google.com/go/pubsub/pstest"
 
@@ -54,7 +55,7 @@ func ExampleSubscriberConfig() {
 
 	// The service's router, and its Deduper named "billing" as well.
 	var router *message.Router
-	var d *dedupe.Deduper
-	var handler dedupe.TxNoPublishHandlerFunc
+	var d *dedupe.Deduper[pgx.Tx]
+	var handler dedupe.NoPublishHandlerFunc[pgx.Tx]
 	router.AddConsumerHandler("billing", "order", sub, d.NoPublishHandler(handler))
 }

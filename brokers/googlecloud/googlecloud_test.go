@@ -37,15 +37,15 @@ func server(t testing.TB) *pstest.Server {
 	return srv
 }
 
-func read(t *testing.T, srv *pstest.Server, topic string, n int) []brokertest.Message {
+func read(t *testing.T, srv *pstest.Server, topic string, n int) []brokertest.Received {
 	t.Helper()
 	name := "projects/" + project + "/topics/" + topic
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var got []brokertest.Message
+		var got []brokertest.Received
 		for _, m := range srv.Messages() { // in publish order
 			if m.Topic == name {
-				got = append(got, brokertest.Message{Key: m.OrderingKey, Headers: m.Attributes, ContentType: m.Attributes[event.HeaderContentType], Body: m.Data})
+				got = append(got, brokertest.Received{Key: m.OrderingKey, Headers: m.Attributes, ContentType: m.Attributes[event.HeaderContentType], Body: m.Data})
 			}
 		}
 		if len(got) >= n {
@@ -71,7 +71,7 @@ func TestConformance(t *testing.T) {
 			}
 			return pub
 		},
-		Read:        func(t *testing.T, topic string, n int) []brokertest.Message { return read(t, srv, topic, n) },
+		Read:        func(t *testing.T, topic string, n int) []brokertest.Received { return read(t, srv, topic, n) },
 		Stop:        func(t *testing.T, _ core.Publisher) { _ = srv.Close() },
 		CloudEvents: googlecloud.CloudEventsBinding,
 		Timeout:     20 * time.Second,

@@ -42,7 +42,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 		defer pub.Close()
 		brokertest.BenchFunc(b, func(lane int, seq int64) error {
-			return pub.Publish("bench", wm.Message(benchEvent(lane, seq)))
+			return pub.Publish("bench", wm.NewMessage(benchEvent(lane, seq)))
 		})
 	})
 }

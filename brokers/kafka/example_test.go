@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outboxhq/outbox/brokers"
@@ -58,7 +59,7 @@ func ExampleSubscriberConfig() {
 
 	// The service's router, and its Deduper named "billing" as well.
 	var router *message.Router
-	var d *dedupe.Deduper
-	var handler dedupe.TxNoPublishHandlerFunc
+	var d *dedupe.Deduper[pgx.Tx]
+	var handler dedupe.NoPublishHandlerFunc[pgx.Tx]
 	router.AddConsumerHandler("billing", "order", sub, d.NoPublishHandler(handler))
 }

@@ -62,7 +62,7 @@ func cluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 }
 
 // read consumes topic from its start until n records arrived.
-func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Message {
+func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Received {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -72,7 +72,7 @@ func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Messag
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	var got []brokertest.Message
+	var got []brokertest.Received
 	for len(got) < n {
 		f := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
@@ -83,7 +83,7 @@ func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Messag
 			for _, kv := range r.Headers {
 				h[kv.Key] = string(kv.Value)
 			}
-			got = append(got, brokertest.Message{Key: string(r.Key), Headers: h, ContentType: h[event.HeaderContentType], Body: r.Value})
+			got = append(got, brokertest.Received{Key: string(r.Key), Headers: h, ContentType: h[event.HeaderContentType], Body: r.Value})
 		})
 	}
 	return got[:n]
@@ -100,7 +100,7 @@ func TestConformance(t *testing.T) {
 			}
 			return pub
 		},
-		Read: func(t *testing.T, topic string, n int) []brokertest.Message {
+		Read: func(t *testing.T, topic string, n int) []brokertest.Received {
 			return read(t, kf.ListenAddrs(), topic, n)
 		},
 		Stop:        func(t *testing.T, _ core.Publisher) { kf.Close() },

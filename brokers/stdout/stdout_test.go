@@ -59,8 +59,8 @@ func TestConformance(t *testing.T) {
 			w = &sink{}
 			return stdout.New(w, r)
 		},
-		Read: func(t *testing.T, topic string, n int) []brokertest.Message {
-			var got []brokertest.Message
+		Read: func(t *testing.T, topic string, n int) []brokertest.Received {
+			var got []brokertest.Received
 			for _, l := range w.lines(t) {
 				if l.Topic != topic {
 					continue
@@ -76,7 +76,7 @@ func TestConformance(t *testing.T) {
 				if l.PayloadBase64 != nil {
 					body = l.PayloadBase64
 				}
-				got = append(got, brokertest.Message{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
+				got = append(got, brokertest.Received{Key: l.AggregateID, Headers: h, ContentType: l.ContentType, Body: body})
 			}
 			if len(got) < n {
 				t.Fatalf("topic %s: %d lines, want %d", topic, len(got), n)

@@ -22,7 +22,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/event"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +47,7 @@ func (b *broker) Publish(_ context.Context, e *core.Event) error {
 	if b.err != nil {
 		return b.err
 	}
-	b.msgs = append(b.msgs, wm.Message(e))
+	b.msgs = append(b.msgs, wm.NewMessage(e))
 	return nil
 }
 
@@ -85,7 +85,7 @@ func TestTraceSpansProducerRelayConsumer(t *testing.T) {
 	}
 	reqSpan.End()
 
-	st, err := store.New(pool, cfg, nil)
+	st, err := table.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,8 +81,8 @@ func (p *Publisher) init(topics *brokers.Routing, classify Classifier) {
 	p.topics, p.classify = topics, classify
 }
 
-// Message builds the Watermill message for e.
-func Message(e *core.Event) *message.Message {
+// NewMessage builds the Watermill message for e.
+func NewMessage(e *core.Event) *message.Message {
 	msg := message.NewMessage(e.ID, e.Payload)
 	for k, v := range e.Headers {
 		msg.Metadata.Set(k, v)
@@ -115,7 +115,7 @@ func (p *Publisher) Publish(ctx context.Context, e *core.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := Message(e)
+	msg := NewMessage(e)
 	msg.SetContext(ctx)
 	if p.guard != nil {
 		err = p.guard.publish(ctx, topic, msg)

@@ -277,7 +277,7 @@ func driveDirect(ctx context.Context, pub message.Publisher, e *core.Event, n, w
 					ev.Seq = first + int64(i)
 					ev.ID = watermill.NewUUID()
 					ev.AggregateID = aggregateID(ev.Seq, aggregates)
-					msgs[i] = wm.Message(&ev)
+					msgs[i] = wm.NewMessage(&ev)
 				}
 				if err := pub.Publish(benchTopic, msgs...); err != nil {
 					errs <- err

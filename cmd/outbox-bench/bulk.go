@@ -15,6 +15,8 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 // The producers section: events per transaction against plain inserts of
@@ -152,7 +154,7 @@ func (b *bench) migration7Section(ctx context.Context, rep *report) error {
 	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
 		return err
 	}
-	if _, err := store.MigrateWith(ctx, b.pool, cfg, store.MigrateOptions{To: 6}); err != nil {
+	if _, err := migrate.MigrateWith(ctx, b.pool, cfg, migrate.Options{To: 6}); err != nil {
 		return err
 	}
 	table := outboxTable(cfg)
@@ -212,12 +214,12 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[]::json[], $5:
 
 	// Migrate in place, the backlog with it, and claim the same rows again.
 	start := time.Now()
-	if _, err := store.MigrateWith(ctx, b.pool, cfg, store.MigrateOptions{To: 7}); err != nil {
+	if _, err := migrate.MigrateWith(ctx, b.pool, cfg, migrate.Options{To: 7}); err != nil {
 		return fmt.Errorf("apply migration 7: %w", err)
 	}
 	rep.Migration7Took = time.Since(start)
 	b.log.Info("migration 7 applied", "backlog", claimB.Backlog, "took", rep.Migration7Took)
-	st, err := store.New(b.pool, cfg, nil)
+	st, err := tablesrc.New(b.pool, cfg, nil)
 	if err != nil {
 		return err
 	}

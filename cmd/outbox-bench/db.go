@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 type bench struct {
@@ -63,7 +64,7 @@ func (b *bench) schema(ctx context.Context, name string) (cfg store.Config, drop
 	if _, err := b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
 		return cfg, nil, fmt.Errorf("drop old schema: %w", err)
 	}
-	if _, err := store.Migrate(ctx, b.pool, cfg); err != nil {
+	if _, err := migrate.Migrate(ctx, b.pool, cfg); err != nil {
 		return cfg, nil, fmt.Errorf("migrate %s: %w", cfg.Schema, err)
 	}
 	drop = func() {

@@ -22,6 +22,7 @@ import (
 	"github.com/outboxhq/outbox/brokers/wm"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 // rate is a count of events over a time.
@@ -196,7 +197,7 @@ func (b *bench) drainWith(ctx context.Context, name string, cfg store.Config, n 
 			return drainResult{}, err
 		}
 		pools = append(pools, pool)
-		st, err := store.New(pool, cfg, b.log)
+		st, err := tablesrc.New(pool, cfg, b.log)
 		if err != nil {
 			return drainResult{}, fmt.Errorf("new store: %w", err)
 		}
@@ -393,7 +394,7 @@ func (b *bench) watermillDrain(ctx context.Context, queue bool, n int, limit tim
 	// generate_series in transactions of wmRowsPerTx, which is much faster than
 	// publishing it, and gives the default schema many transaction ids.
 	capture := &wmCapture{}
-	inner := wm.Message(&core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
+	inner := wm.NewMessage(&core.Event{Seq: 1, ID: watermill.NewUUID(), AggregateID: watermill.NewUUID(),
 		Type: "bench.event", Payload: []byte(`{"n":1,"pad":"` + strings.Repeat("x", max(0, b.cfg.PayloadBytes-40)) + `"}`)})
 	if err := forwarder.NewPublisher(capture, forwarder.PublisherConfig{ForwarderTopic: topic}).Publish("events", inner); err != nil {
 		return rate{}, fmt.Errorf("envelope message: %w", err)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 // stamps pairs each event's commit time with its publish time, by event id.
@@ -96,7 +96,7 @@ func (s *stamps) latencies() ([]time.Duration, int) {
 // and ended, by event id, so a latency can be split into its parts. Being
 // the store itself, embedded, it keeps the store's optional capabilities.
 type timedStore struct {
-	*store.Store
+	*tablesrc.Source
 	mu     sync.Mutex
 	claims map[string][2]time.Time
 
@@ -120,7 +120,7 @@ func (t *timedStore) Claim(ctx context.Context, req core.ClaimOptions) (core.Cla
 		defer func() { close(done); <-watched }()
 		go func() { defer close(watched); t.sample(ctx, done) }()
 	}
-	c, err := t.Store.Claim(ctx, req)
+	c, err := t.Source.Claim(ctx, req)
 	if err != nil {
 		return c, err
 	}
@@ -374,11 +374,11 @@ func (b *bench) latencyRun(ctx context.Context, rate int, wakeups bool) (latency
 		return latencyRow{}, err
 	}
 	warm := relayPool.Stat()
-	pst, err := store.New(relayPool, cfg, b.log)
+	pst, err := tablesrc.New(relayPool, cfg, b.log)
 	if err != nil {
 		return latencyRow{}, fmt.Errorf("new store: %w", err)
 	}
-	st := &timedStore{Store: pst, claims: map[string][2]time.Time{}, watch: b.pool, app: benchLatencyApp, waits: map[string]int{}}
+	st := &timedStore{Source: pst, claims: map[string][2]time.Time{}, watch: b.pool, app: benchLatencyApp, waits: map[string]int{}}
 	rec := newStamps()
 	opts := b.relayOptions(false, nil)
 	opts.DisableWakeups = !wakeups

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 // closedLoop runs work on n goroutines, back to back, for d, and returns
@@ -386,7 +387,7 @@ END;
 			}
 		}
 	}
-	st, err := store.New(b.pool, cfg, b.log)
+	st, err := tablesrc.New(b.pool, cfg, b.log)
 	if err != nil {
 		return err
 	}

@@ -458,7 +458,7 @@ func (r *report) markdown(w io.Writer, chart string) {
 	o := effective(core.Options{BatchSize: c.BatchSize, Lanes: c.Lanes, Claimers: c.Claimers})
 	fmt.Fprintf(w, "Run settings: %d aggregates, payloads of about %d bytes, drains capped at %s. "+
 		"The `outbox relay` rows run the binary as shipped: its defaults, `--broker stdout` (or the broker named), "+
-		"only the database and table set. The library rows are `core.Relay` over `store.Store` with batch %d, "+
+		"only the database and table set. The library rows are `core.Relay` over `table.Source` with batch %d, "+
 		"%d lanes and %d claims open (the defaults unless the run's flags changed them).\n\n",
 		c.Aggregates, c.PayloadBytes, c.DrainCap, o.BatchSize, o.Lanes, o.Claimers)
 	for _, t := range r.tables() {

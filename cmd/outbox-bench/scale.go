@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	tablesrc "github.com/outboxhq/outbox/store/table"
 )
 
 func (b *bench) scaleSection(ctx context.Context, rep *report) error {
@@ -108,7 +109,7 @@ func (b *bench) explainClaim(ctx context.Context, cfg store.Config) (float64, er
 		return 0, err
 	}
 	defer pool.Close()
-	st, err := store.New(pool, cfg, b.log)
+	st, err := tablesrc.New(pool, cfg, b.log)
 	if err != nil {
 		return 0, fmt.Errorf("new store: %w", err)
 	}
@@ -208,7 +209,7 @@ func runChild(args []string) int {
 		return fail(err)
 	}
 	defer pool.Close()
-	st, err := store.New(pool, store.Config{Schema: *schema, NotifyChannel: *schema}, nil)
+	st, err := tablesrc.New(pool, store.Config{Schema: *schema, NotifyChannel: *schema}, nil)
 	if err != nil {
 		return fail(err)
 	}

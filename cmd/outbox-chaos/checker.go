@@ -98,7 +98,7 @@ func (t *tally) unique() int {
 // records it. A failure (the database down) is retried in place, with
 // backoff, so the broker's order is kept and nothing is skipped.
 type checker struct {
-	d       *dedupe.Deduper
+	d       *dedupe.Deduper[pgx.Tx]
 	t       *tally
 	log     *slog.Logger
 	retries atomic.Int64

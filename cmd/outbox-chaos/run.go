@@ -26,8 +26,8 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/dedupe"
-	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 // Fault kinds, in the order a run applies them by default.
@@ -394,7 +394,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if _, err := db.admin.Exec(ctx, "ALTER ROLE "+relayRole+" REPLICATION"); err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
-		if err := store.ApplyGrants(ctx, db.admin, db.cfg, store.Roles{Relay: relayRole, LogMode: true}); err != nil {
+		if err := migrate.ApplyGrants(ctx, db.admin, db.cfg, migrate.Roles{Relay: relayRole, LogMode: true}); err != nil {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
 		if _, err := logrelay.CreateSlot(ctx, db.admin, db.cfg, logrelay.Slot{}); err != nil {

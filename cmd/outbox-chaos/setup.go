@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 // schema holds the run's outbox and the business tables around it.
@@ -65,7 +66,7 @@ func (db *database) setup(ctx context.Context, adminURL string, aggregates int) 
 		return err
 	}
 	db.cfg = cfg
-	if _, err := store.Migrate(ctx, db.admin, db.cfg); err != nil {
+	if _, err := migrate.Migrate(ctx, db.admin, db.cfg); err != nil {
 		return err
 	}
 	u, err := url.Parse(adminURL)
@@ -82,7 +83,7 @@ func (db *database) setup(ctx context.Context, adminURL string, aggregates int) 
 		ru.User = url.UserPassword(role, password)
 		*urls[role] = ru.String()
 	}
-	if err := store.ApplyGrants(ctx, db.admin, db.cfg, store.Roles{Relay: relayRole, Producer: producerRole, Consumer: consumerRole}); err != nil {
+	if err := migrate.ApplyGrants(ctx, db.admin, db.cfg, migrate.Roles{Relay: relayRole, Producer: producerRole, Consumer: consumerRole}); err != nil {
 		return err
 	}
 	business := `

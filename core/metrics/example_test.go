@@ -10,7 +10,7 @@ import (
 
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // The relay's observer and the backlog poller share one registry, served
@@ -23,7 +23,7 @@ func Example() {
 	}
 	_ = core.Options{Observer: obs} // given to core.New
 
-	var st *store.Store // from store.New
+	var st *table.Source // from store.New
 	if st != nil {
 		poller, err := metrics.NewPoller(st, metrics.PollerOptions{Registerer: reg})
 		if err != nil {

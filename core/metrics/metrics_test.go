@@ -17,7 +17,7 @@ import (
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/internal/memsource"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func TestMain(m *testing.M) {
@@ -154,7 +154,7 @@ func TestObserverCustomTopicAndErrorClasses(t *testing.T) {
 
 func TestPollerReadsBacklog(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
-	st, err := store.New(pool, cfg, nil)
+	st, err := table.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

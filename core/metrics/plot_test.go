@@ -17,7 +17,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // flakyBroker fails every publish while down is set.
@@ -44,7 +44,7 @@ func TestRecordLagTimeline(t *testing.T) {
 	pool, cfg := pgtest.Schema(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := store.New(pool, cfg, nil)
+	st, err := table.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/outboxhq/outbox/brokers/kafka"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func main() {
@@ -30,7 +32,7 @@ func main() {
 	defer pool.Close()
 
 	// Create or upgrade the outbox tables (public.events_outbox).
-	if _, err := store.Migrate(ctx, pool, store.Config{}); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, store.Config{}); err != nil {
 		log.Fatal(err)
 	}
 
@@ -59,7 +61,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	st, err := store.New(pool, store.Config{}, nil)
+	st, err := table.New(pool, store.Config{}, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

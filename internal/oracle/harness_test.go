@@ -26,6 +26,7 @@ import (
 	"github.com/outboxhq/outbox/internal/oracle"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
 )
 
@@ -77,7 +78,7 @@ func run(t *testing.T, h oracle.History) result {
 	if d.log, err = outbox.NewLogWriter(outbox.WriterOptions{Store: cfg}); err != nil {
 		t.Fatal(err)
 	}
-	if d.ops, err = store.New(pool, cfg, nil); err != nil {
+	if d.ops, err = admin.New(pool, cfg, nil); err != nil {
 		t.Fatal(err)
 	}
 	if h.Mode.Log() {
@@ -133,7 +134,7 @@ type driver struct {
 	pub     *broker
 	rows    *outbox.Writer
 	log     *outbox.LogWriter
-	ops     *store.Store
+	ops     *admin.Admin
 	commits *commitLog
 	sim     *oracle.Sim
 	rng     *rand.Rand
@@ -254,7 +255,7 @@ func (d *driver) operate(s oracle.Step) {
 	if err != nil {
 		return // a log-only event not in the table: no row to act on
 	}
-	sel := store.Selector{Seqs: []int64{seq}}
+	sel := admin.Selector{Seqs: []int64{seq}}
 	var n int64
 	switch s.Kind {
 	case oracle.Retry:
@@ -264,7 +265,7 @@ func (d *driver) operate(s oracle.Step) {
 	case oracle.Unpark:
 		_, err = d.ops.Unpark(ctx, sel)
 	case oracle.Replay:
-		n, err = d.ops.Replay(ctx, sel, store.ReplayOptions{})
+		n, err = d.ops.Replay(ctx, sel, admin.ReplayOptions{})
 		d.replayed[id] += int(n)
 	}
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/oracle"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // relay is one relay process of the history's mode, wired as the outbox
@@ -56,7 +56,7 @@ func (d *driver) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	if !d.h.Mode.Log() {
-		st, err := store.New(r.pool, d.cfg, nil)
+		st, err := table.New(r.pool, d.cfg, nil)
 		if err != nil {
 			d.t.Fatal(err)
 		}
@@ -81,7 +81,7 @@ func (d *driver) start() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	handoff, err := store.New(r.pool, hc, nil)
+	handoff, err := table.NewHandOff(r.pool, hc, nil)
 	if err != nil {
 		d.t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // payload is what producers write: the aggregate's sequence number.
@@ -213,7 +214,7 @@ func (r *replica) start() {
 	r.env.t.Helper()
 	r.gen++
 	r.pool = r.env.pool(r.appName(), 4)
-	st, err := store.New(r.pool, r.env.cfg, nil)
+	st, err := table.New(r.pool, r.env.cfg, nil)
 	if err != nil {
 		r.env.t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 const (
@@ -167,7 +167,7 @@ func TestSecondClaimSkipsAnAggregateHeldByTheFirst(t *testing.T) {
 		t.Run(fmt.Sprintf("unordered=%v", unordered), func(t *testing.T) {
 			e := newEnv(t)
 			ctx := context.Background()
-			st, err := store.New(e.admin, e.cfg, nil)
+			st, err := table.New(e.admin, e.cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,7 +16,7 @@ import (
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // routedBroker resolves topics with brokers.Routing and rejects messages
@@ -118,7 +118,7 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := store.New(e.admin, e.cfg, nil)
+	st, err := admin.New(e.admin, e.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,12 +192,12 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 		t.Cleanup(r.stop)
 	}
 
-	heldNow := func() map[int64]store.StuckEvent {
-		list, err := st.Stuck(ctx, store.StuckOptions{})
+	heldNow := func() map[int64]admin.StuckEvent {
+		list, err := st.Stuck(ctx, admin.StuckOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := map[int64]store.StuckEvent{}
+		m := map[int64]admin.StuckEvent{}
 		for _, s := range list {
 			m[s.Seq] = s
 		}
@@ -247,7 +247,7 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 
 	// Fix the routing, retry: the event and the one behind it go out in order.
 	broker.routing.Store(&brokers.Routing{Types: map[string]string{"audit": "audit-log"}})
-	if n, err := st.Retry(ctx, store.Selector{Type: "audit"}); err != nil || n != 1 {
+	if n, err := st.Retry(ctx, admin.Selector{Type: "audit"}); err != nil || n != 1 {
 		t.Fatalf("Retry = %d, %v", n, err)
 	}
 	waitFor(t, 30*time.Second, "the retried event and its successor", func() bool { return allOut(oddIDs...) })
@@ -257,21 +257,21 @@ func TestPoisonEventsHoldOnlyTheirAggregate(t *testing.T) {
 
 	// Park the oversized one: its aggregate proceeds without it.
 	uid := tooBig.ID
-	if n, err := st.Park(ctx, store.Selector{Seqs: bigIDs[1:2]}, "payload over the broker limit"); err != nil || n != 1 {
+	if n, err := st.Park(ctx, admin.Selector{Seqs: bigIDs[1:2]}, "payload over the broker limit"); err != nil || n != 1 {
 		t.Fatalf("Park = %d, %v", n, err)
 	}
 	waitFor(t, 30*time.Second, "the event behind the parked one", func() bool { return allOut(bigIDs[2]) })
 	if len(heldNow()) != 0 {
 		t.Fatalf("Stuck still lists %+v", heldNow())
 	}
-	list, err := st.Stuck(ctx, store.StuckOptions{IncludeParked: true})
+	list, err := st.Stuck(ctx, admin.StuckOptions{IncludeParked: true})
 	if err != nil || len(list) != 1 || list[0].Seq != bigIDs[1] || list[0].ParkedReason != "payload over the broker limit" {
 		t.Fatalf("Stuck with parked = %+v, %v", list, err)
 	}
 
 	// Raise the broker's limit and unpark: it goes out with its identity.
 	broker.maxBytes.Store(1 << 20)
-	if n, err := st.Unpark(ctx, store.Selector{AggregateID: bigAgg}); err != nil || n != 1 {
+	if n, err := st.Unpark(ctx, admin.Selector{AggregateID: bigAgg}); err != nil || n != 1 {
 		t.Fatalf("Unpark = %d, %v", n, err)
 	}
 	waitFor(t, 30*time.Second, "the unparked event", func() bool { return allOut(bigIDs[1]) })

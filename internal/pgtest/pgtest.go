@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 // EnvURL names the variable holding the test server's URL.
@@ -70,7 +71,7 @@ func SchemaWith(t testing.TB, cfg store.Config) (*pgxpool.Pool, store.Config) {
 	pool := NewPool(t)
 	cfg.Schema = "test_" + randomHex(6)
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, cfg); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	t.Cleanup(func() {

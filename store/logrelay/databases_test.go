@@ -18,6 +18,7 @@ import (
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 // database creates a database of its own on the test server, migrated
@@ -51,7 +52,7 @@ func database(t *testing.T) (*pgxpool.Pool, store.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return pool, cfg

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // Log mode in a service: the log relay and, beside it, the table relay
@@ -27,7 +28,7 @@ func ExampleNewPair() {
 	if err != nil {
 		panic(err)
 	}
-	handoff, err := store.New(pool, hc, slog.Default())
+	handoff, err := table.NewHandOff(pool, hc, slog.Default())
 	if err != nil {
 		panic(err)
 	}

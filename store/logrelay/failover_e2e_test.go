@@ -18,6 +18,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // envFailoverPGBin names a folder of PostgreSQL 17 or later server
@@ -130,7 +132,7 @@ sync_replication_slots = on
 		if *c, err = c.WithDefaults(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Migrate(ctx, pool, *c); err != nil {
+		if _, err := migrate.Migrate(ctx, pool, *c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -165,7 +167,7 @@ sync_replication_slots = on
 	if err != nil {
 		t.Fatal(err)
 	}
-	tableStore, err := store.New(pool, tableCfg, testLogger(t))
+	tableStore, err := table.New(pool, tableCfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

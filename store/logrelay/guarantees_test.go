@@ -21,8 +21,9 @@ import (
 	"github.com/outboxhq/outbox/brokers/brokertest"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // firstOrder returns, per aggregate, the values of n in the order of their
@@ -197,7 +198,7 @@ func TestCommitOrderWithoutProducerLocks(t *testing.T) {
 		pos[id] = i
 	}
 
-	st, err := store.New(e.pool, e.cfg, nil)
+	st, err := table.New(e.pool, e.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +312,7 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hst, err := store.New(e.pool, hc, nil)
+			hst, err := table.NewHandOff(e.pool, hc, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -342,11 +343,11 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 			if c := e.count("retry_at = 'infinity' AND last_error LIKE '%no route for this event%'"); c != 1 {
 				t.Fatalf("%d held rows with the broker's reason, want 1", c)
 			}
-			st, err := store.New(e.pool, e.cfg, nil)
+			st, err := admin.New(e.pool, e.cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			stuck, err := st.Stuck(context.Background(), store.StuckOptions{})
+			stuck, err := st.Stuck(context.Background(), admin.StuckOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -360,7 +361,7 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 			})
 
 			reject.Store(false)
-			if _, err := st.Retry(context.Background(), store.Selector{Seqs: []int64{stuck[0].Seq}}); err != nil {
+			if _, err := st.Retry(context.Background(), admin.Selector{Seqs: []int64{stuck[0].Seq}}); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, 20*time.Second, "A's events through the table", func() bool {
@@ -518,7 +519,7 @@ func TestSlotLifecycle(t *testing.T) {
 	}
 	pub := &recorder{}
 	hc, _ := logrelay.HandOffConfig(e.cfg)
-	hst, err := store.New(e.pool, hc, nil)
+	hst, err := table.NewHandOff(e.pool, hc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -658,7 +659,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := store.New(e.pool, e.cfg, nil)
+	st, err := admin.New(e.pool, e.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -676,7 +677,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hst, err := store.New(e.pool, hc, nil)
+	hst, err := table.NewHandOff(e.pool, hc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -695,7 +696,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	waitFor(t, 20*time.Second, "A's three events from the log", func() bool { return len(pub.distinct()) == 3 })
 	waitFor(t, 10*time.Second, "A's events marked", func() bool { return e.count("dispatched_at IS NULL") == 1 })
 
-	n, err := st.Replay(ctx, seqOf(ids[1]), store.ReplayOptions{})
+	n, err := st.Replay(ctx, seqOf(ids[1]), admin.ReplayOptions{})
 	if err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
@@ -707,7 +708,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
 
 	// A retried row: failed once in the table path, released by retry.
-	if _, err := st.Replay(ctx, seqOf(ids[2]), store.ReplayOptions{}); err != nil {
+	if _, err := st.Replay(ctx, seqOf(ids[2]), admin.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "the second replay published", func() bool { return pub.distinct()[ids[2]] == 2 })
@@ -732,7 +733,7 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 			e := newEnv(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			st, err := store.New(e.pool, e.cfg, nil)
+			st, err := admin.New(e.pool, e.cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -766,7 +767,7 @@ func TestEventAfterUnparkOrReplayFollowsIt(t *testing.T) {
 				replayed = parked
 			}
 			waitFor(t, 10*time.Second, "every row marked", func() bool { return e.count("dispatched_at IS NULL") == 0 })
-			if n, err := st.Replay(ctx, bySeq(replayed), store.ReplayOptions{}); err != nil || n != 1 {
+			if n, err := st.Replay(ctx, bySeq(replayed), admin.ReplayOptions{}); err != nil || n != 1 {
 				t.Fatalf("replay: %d, %v", n, err)
 			}
 			afterReplay := e.write(table, agg, 3, 1)[0]

@@ -20,7 +20,10 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // env is one test's outbox (a schema of its own), its slot and writers.
@@ -72,7 +75,7 @@ func outboxOn(t *testing.T, pool *pgxpool.Pool, cfg store.Config) *env {
 func privateOutbox(t *testing.T, pool *pgxpool.Pool, schema string) *env {
 	t.Helper()
 	cfg := store.Config{Schema: schema}
-	if _, err := store.Migrate(context.Background(), pool, cfg); err != nil {
+	if _, err := migrate.Migrate(context.Background(), pool, cfg); err != nil {
 		t.Fatal(err)
 	}
 	e := outboxOn(t, pool, cfg)
@@ -170,7 +173,7 @@ func handOff(t *testing.T, pool *pgxpool.Pool, o logrelay.Options, log *slog.Log
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := store.New(pool, hc, log)
+	src, err := table.NewHandOff(pool, hc, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,13 +294,13 @@ func (e *env) write(table bool, agg string, first, n int) []string {
 }
 
 // selectorOf selects the row of event id by its seq.
-func (e *env) selectorOf(id string) store.Selector {
+func (e *env) selectorOf(id string) admin.Selector {
 	e.t.Helper()
 	var seq int64
 	if err := e.pool.QueryRow(context.Background(), `SELECT seq FROM `+pgx.Identifier{e.cfg.Schema, e.cfg.Table}.Sanitize()+` WHERE event_id = $1`, id).Scan(&seq); err != nil {
 		e.t.Fatal(err)
 	}
-	return store.Selector{Seqs: []int64{seq}}
+	return admin.Selector{Seqs: []int64{seq}}
 }
 
 func (e *env) count(where string) int {

@@ -128,7 +128,7 @@ func (o Options) WithDefaults() (Options, error) {
 }
 
 // HandOffConfig is the store configuration of the table path of log
-// mode: the table source (and a core.Relay over it) built with it claims
+// mode: a table.Source (and a core.Relay over it) built with it claims
 // only the rows the log relay handed off, through the handoff view of
 // migration 8, and never the rows the log relay publishes itself.
 func HandOffConfig(cfg store.Config) (store.Config, error) {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
 )
 
@@ -170,18 +170,18 @@ func TestScheduledEventsWaitInTheTable(t *testing.T) {
 			if c := e.count("retry_at = deliver_at AND attempts = 0 AND last_error IS NULL"); c != 1 {
 				t.Fatalf("%d rows waiting for their deliver_at, want 1", c)
 			}
-			st, err := store.New(e.pool, e.cfg, nil)
+			st, err := admin.New(e.pool, e.cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			status, err := st.Status(context.Background(), store.StatusOptions{})
+			status, err := st.Status(context.Background(), admin.StatusOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if status.Scheduled != 1 || status.Held != 0 {
 				t.Errorf("status: %d scheduled, %d held, want 1 and 0", status.Scheduled, status.Held)
 			}
-			stuck, err := st.Stuck(context.Background(), store.StuckOptions{IncludeScheduled: true})
+			stuck, err := st.Stuck(context.Background(), admin.StuckOptions{IncludeScheduled: true})
 			if err != nil {
 				t.Fatal(err)
 			}

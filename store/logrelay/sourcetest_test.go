@@ -12,7 +12,7 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/sourcetest"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
 )
 
@@ -29,13 +29,13 @@ type logSource struct{ rows bool }
 type logInstance struct {
 	e    *env
 	rows bool
-	st   *store.Store
+	st   *admin.Admin
 }
 
 func (h logSource) Open(t *testing.T) sourcetest.Instance {
 	e := newEnv(t)
 	e.createSlot() // before any write: a log-only write needs a slot
-	st, err := store.New(e.pool, e.cfg, nil)
+	st, err := admin.New(e.pool, e.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,12 +81,12 @@ func (in *logInstance) Start(t *testing.T, pub core.Publisher, obs core.Observer
 }
 
 func (in *logInstance) Retry(ctx context.Context, agg string) error {
-	_, err := in.st.Retry(ctx, store.Selector{AggregateID: agg})
+	_, err := in.st.Retry(ctx, admin.Selector{AggregateID: agg})
 	return err
 }
 
 func (in *logInstance) Held(ctx context.Context, agg string) ([]string, error) {
-	evs, err := in.st.Events(ctx, store.EventsOptions{State: store.StateHeld, AggregateID: agg})
+	evs, err := in.st.Events(ctx, admin.EventsOptions{State: admin.StateHeld, AggregateID: agg})
 	ids := make([]string, len(evs))
 	for i, e := range evs {
 		ids[i] = e.ID

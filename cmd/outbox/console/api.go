@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/core/event"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // The API's responses. docs/operations.md documents them; the pages are
@@ -152,7 +152,7 @@ type FailureGroup struct {
 	LastSeen    *time.Time `json:"last_seen"`
 }
 
-// Selector names the events of an action, as store.Selector does; set
+// Selector names the events of an action, as admin.Selector does; set
 // fields combine with AND and at least one is required.
 type Selector struct {
 	Seqs          []int64    `json:"seqs,omitempty"`
@@ -242,7 +242,7 @@ func (c *Console) errorStatus(r *http.Request, err error) (int, string) {
 	switch {
 	case errors.As(err, &he):
 		return he.status, he.msg
-	case errors.Is(err, store.ErrEventNotFound):
+	case errors.Is(err, admin.ErrEventNotFound):
 		return http.StatusNotFound, err.Error()
 	case errors.Is(err, context.Canceled):
 		return 499, "request canceled"
@@ -266,11 +266,11 @@ func (c *Console) access(r *http.Request) Access {
 // overview reads the status, the activity and the relays.
 func (c *Console) overview(r *http.Request) (Overview, error) {
 	ctx := r.Context()
-	st, err := c.opts.Store.Status(ctx, store.StatusOptions{StuckAfter: c.opts.StuckAfter, RelayApplication: c.opts.RelayApplication})
+	st, err := c.opts.Admin.Status(ctx, admin.StatusOptions{StuckAfter: c.opts.StuckAfter, RelayApplication: c.opts.RelayApplication})
 	if err != nil {
 		return Overview{}, err
 	}
-	act, err := c.opts.Store.Activity(ctx, c.opts.ActivityMinutes)
+	act, err := c.opts.Admin.Activity(ctx, c.opts.ActivityMinutes)
 	if err != nil {
 		return Overview{}, err
 	}
@@ -314,7 +314,7 @@ func (c *Console) apiOverview(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, o)
 }
 
-func toEvent(e store.EventInfo, now time.Time) Event {
+func toEvent(e admin.EventInfo, now time.Time) Event {
 	return Event{
 		Seq: e.Seq, ID: e.ID, AggregateID: e.AggregateID, Type: e.Type, State: string(e.State()),
 		CreatedAt: e.CreatedAt, AgeSeconds: max(now.Sub(e.CreatedAt), 0).Seconds(), DispatchedAt: ptr(e.DispatchedAt),
@@ -354,24 +354,24 @@ func parseInt(field, v string) (int64, error) {
 }
 
 // eventsQuery reads a listing's parameters.
-func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, error) {
+func (c *Console) eventsQuery(v url.Values) (admin.EventsOptions, EventsQuery, error) {
 	now := time.Now()
-	q := store.EventsOptions{
-		State: store.EventState(v.Get("state")), StuckAfter: c.opts.StuckAfter, Type: v.Get("type"),
+	q := admin.EventsOptions{
+		State: admin.EventState(v.Get("state")), StuckAfter: c.opts.StuckAfter, Type: v.Get("type"),
 		AggregateID: strings.TrimSpace(v.Get("aggregate")), Error: v.Get("error"), Fingerprint: v.Get("fingerprint"),
 	}
 	if q.State == "" {
-		q.State = store.StateStuck
+		q.State = admin.StateStuck
 	}
 	valid := false
-	for _, s := range store.EventStates {
+	for _, s := range admin.EventStates {
 		valid = valid || s == q.State
 	}
 	if !valid {
 		return q, EventsQuery{}, badRequest("state: %q is not one of %s", q.State, states())
 	}
 	if q.AggregateID != "" {
-		if err := store.CheckKey(q.AggregateID); err != nil {
+		if err := event.CheckKey(q.AggregateID); err != nil {
 			return q, EventsQuery{}, badRequest("aggregate: %v", err)
 		}
 	}
@@ -392,14 +392,14 @@ func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, e
 	if q.After, err = parseInt("after", v.Get("after")); err != nil {
 		return q, EventsQuery{}, err
 	}
-	q.Limit = store.DefaultEventsLimit
+	q.Limit = admin.DefaultEventsLimit
 	if s := v.Get("limit"); strings.TrimSpace(s) != "" {
 		limit, err := parseInt("limit", s)
 		if err != nil {
 			return q, EventsQuery{}, err
 		}
-		if limit < 1 || limit > store.MaxEventsLimit {
-			return q, EventsQuery{}, badRequest("limit: %d is not between 1 and %d", limit, store.MaxEventsLimit)
+		if limit < 1 || limit > admin.MaxEventsLimit {
+			return q, EventsQuery{}, badRequest("limit: %d is not between 1 and %d", limit, admin.MaxEventsLimit)
 		}
 		q.Limit = int(limit)
 	}
@@ -409,8 +409,8 @@ func (c *Console) eventsQuery(v url.Values) (store.EventsOptions, EventsQuery, e
 }
 
 func states() string {
-	s := make([]string, len(store.EventStates))
-	for i, st := range store.EventStates {
+	s := make([]string, len(admin.EventStates))
+	for i, st := range admin.EventStates {
 		s[i] = string(st)
 	}
 	return strings.Join(s, ", ")
@@ -421,10 +421,10 @@ func (c *Console) events(r *http.Request) (Events, error) {
 	if err != nil {
 		return Events{}, err
 	}
-	page, err := c.opts.Store.EventsPage(r.Context(), q)
+	page, err := c.opts.Admin.EventsPage(r.Context(), q)
 	list := page.Events
 	if err != nil {
-		if strings.Contains(err.Error(), "is not a UUID") || strings.Contains(err.Error(), "created-before") {
+		if errors.Is(err, admin.ErrInvalid) {
 			return Events{}, badRequest("%v", err)
 		}
 		return Events{}, err
@@ -459,7 +459,7 @@ func (c *Console) apiPayload(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	d, err := c.opts.Store.Event(r.Context(), seq, id)
+	d, err := c.opts.Admin.Event(r.Context(), seq, id)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -492,9 +492,9 @@ func (c *Console) event(r *http.Request) (EventDetail, error) {
 	if err != nil {
 		return EventDetail{}, err
 	}
-	d, err := c.opts.Store.Event(r.Context(), seq, id)
+	d, err := c.opts.Admin.Event(r.Context(), seq, id)
 	if err != nil {
-		if strings.Contains(err.Error(), "is not a UUID") {
+		if errors.Is(err, admin.ErrInvalid) {
 			return EventDetail{}, badRequest("%v", err)
 		}
 		return EventDetail{}, err
@@ -540,7 +540,7 @@ func (c *Console) apiEvent(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) failures(r *http.Request) (Failures, error) {
-	groups, err := c.opts.Store.Failures(r.Context())
+	groups, err := c.opts.Admin.Failures(r.Context())
 	if err != nil {
 		return Failures{}, err
 	}
@@ -600,8 +600,8 @@ func selectorValues(v url.Values) (Selector, error) {
 	return sel, nil
 }
 
-func (s Selector) store() store.Selector {
-	out := store.Selector{Seqs: s.Seqs, FromSeq: s.FromSeq, ToSeq: s.ToSeq, AggregateID: s.AggregateID, Type: s.Type, Fingerprint: s.Fingerprint}
+func (s Selector) store() admin.Selector {
+	out := admin.Selector{Seqs: s.Seqs, FromSeq: s.FromSeq, ToSeq: s.ToSeq, AggregateID: s.AggregateID, Type: s.Type, Fingerprint: s.Fingerprint}
 	if s.CreatedAfter != nil {
 		out.CreatedAfter = *s.CreatedAfter
 	}
@@ -647,9 +647,9 @@ func (s Selector) bulk() bool {
 	return !one
 }
 
-func parseAction(r *http.Request) (store.Action, error) {
-	a := store.Action(r.PathValue("action"))
-	for _, known := range store.Actions {
+func parseAction(r *http.Request) (admin.Action, error) {
+	a := admin.Action(r.PathValue("action"))
+	for _, known := range admin.Actions {
 		if a == known {
 			return a, nil
 		}
@@ -670,7 +670,7 @@ func (c *Console) preview(r *http.Request) (Preview, error) {
 	if err := ss.Validate(); err != nil {
 		return Preview{}, badRequest("%v", err)
 	}
-	n, err := c.opts.Store.Affected(r.Context(), action, ss)
+	n, err := c.opts.Admin.Affected(r.Context(), action, ss)
 	if err != nil {
 		return Preview{}, err
 	}
@@ -687,13 +687,13 @@ func (c *Console) apiPreview(w http.ResponseWriter, r *http.Request) {
 }
 
 // act runs an action; the API and the console's forms both come here.
-func (c *Console) act(r *http.Request, action store.Action, req ActionRequest) (ActionResult, error) {
+func (c *Console) act(r *http.Request, action admin.Action, req ActionRequest) (ActionResult, error) {
 	ss := req.store()
 	if err := ss.Validate(); err != nil {
 		return ActionResult{}, badRequest("%v", err)
 	}
 	reason := strings.TrimSpace(req.Reason)
-	if action == store.ActionPark && reason == "" {
+	if action == admin.ActionPark && reason == "" {
 		return ActionResult{}, badRequest("reason: parking needs a reason")
 	}
 	ctx := r.Context()
@@ -702,17 +702,17 @@ func (c *Console) act(r *http.Request, action store.Action, req ActionRequest) (
 		err error
 	)
 	switch action {
-	case store.ActionRetry:
-		n, err = c.opts.Store.Retry(ctx, ss)
-	case store.ActionPark:
-		n, err = c.opts.Store.Park(ctx, ss, reason)
-	case store.ActionUnpark:
-		n, err = c.opts.Store.Unpark(ctx, ss)
-	case store.ActionReplay:
-		n, err = c.opts.Store.Replay(ctx, ss, store.ReplayOptions{})
+	case admin.ActionRetry:
+		n, err = c.opts.Admin.Retry(ctx, ss)
+	case admin.ActionPark:
+		n, err = c.opts.Admin.Park(ctx, ss, reason)
+	case admin.ActionUnpark:
+		n, err = c.opts.Admin.Unpark(ctx, ss)
+	case admin.ActionReplay:
+		n, err = c.opts.Admin.Replay(ctx, ss, admin.ReplayOptions{})
 	}
 	if err != nil {
-		if strings.Contains(err.Error(), "reason is") {
+		if errors.Is(err, admin.ErrInvalid) {
 			return ActionResult{}, badRequest("%v", err)
 		}
 		if n > 0 {
@@ -722,7 +722,7 @@ func (c *Console) act(r *http.Request, action store.Action, req ActionRequest) (
 	}
 	c.opts.Logger.Info("console action", "action", string(action), "user", who(r), "selector", ss.String(), "count", n)
 	return ActionResult{Action: string(action), Selector: req.Selector, Description: ss.String(), Count: n,
-		More: action != store.ActionReplay && n == store.MaxSelected}, nil
+		More: action != admin.ActionReplay && n == admin.MaxSelected}, nil
 }
 
 func (c *Console) apiAction(w http.ResponseWriter, r *http.Request) {

@@ -23,7 +23,8 @@ import (
 
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // EnvChromium names the browser the console's browser test drives;
@@ -117,7 +118,7 @@ func TestBrowserRetryHeldEvent(t *testing.T) {
 	f.write(uuid.NewString(), "invoice.sent")
 	f.write(uuid.NewString(), "invoice.sent")
 	parked := f.write(uuid.NewString(), "customer.merged")
-	if _, err := f.st.Park(f.ctx, store.Selector{Seqs: parked}, "duplicate customer, merged by hand"); err != nil {
+	if _, err := f.ad.Park(f.ctx, admin.Selector{Seqs: parked}, "duplicate customer, merged by hand"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -128,7 +129,7 @@ func TestBrowserRetryHeldEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer relayPool.Close()
-	relaySt, err := store.New(relayPool, f.cfg, nil)
+	relaySt, err := table.New(relayPool, f.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestBrowserRetryHeldEvent(t *testing.T) {
 			t.Errorf("relay: %v", err)
 		}
 	}()
-	waitFor(t, ctx, "the event to be held", func() bool { return f.state(held) == store.StateHeld })
+	waitFor(t, ctx, "the event to be held", func() bool { return f.state(held) == admin.StateHeld })
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
 		chromedp.DisableGPU, chromedp.WindowSize(1280, 860), chromedp.Flag("headless", "new"))
@@ -246,7 +247,7 @@ func TestBrowserRetryHeldEvent(t *testing.T) {
 		// The failures page, with failures that stay.
 		id := f.write(uuid.NewString(), "order.refunded")[0]
 		b.fixed.Store(false)
-		waitFor(t, ctx, "a new held event", func() bool { return f.state(id) == store.StateHeld })
+		waitFor(t, ctx, "a new held event", func() bool { return f.state(id) == admin.StateHeld })
 		do("open the failures", chromedp.Navigate(f.srv.URL+"/console/failures"))
 		shot("console-failures.png")
 	}

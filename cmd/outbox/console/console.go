@@ -27,27 +27,28 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
-// Store is what the console reads and acts on; *store.Store is one.
-type Store interface {
-	Status(ctx context.Context, opts store.StatusOptions) (store.Status, error)
-	EventsPage(ctx context.Context, q store.EventsOptions) (store.EventsPage, error)
-	Event(ctx context.Context, id int64, uid string) (store.EventDetail, error)
-	Failures(ctx context.Context) ([]store.FailureGroup, error)
-	Activity(ctx context.Context, minutes int) ([]store.Minute, error)
-	Affected(ctx context.Context, action store.Action, sel store.Selector) (store.Affected, error)
-	Retry(ctx context.Context, sel store.Selector) (int64, error)
-	Park(ctx context.Context, sel store.Selector, reason string) (int64, error)
-	Unpark(ctx context.Context, sel store.Selector) (int64, error)
-	Replay(ctx context.Context, sel store.Selector, opts store.ReplayOptions) (int64, error)
+// Admin is what the console reads and acts on; *admin.Admin is one.
+type Admin interface {
+	Status(ctx context.Context, opts admin.StatusOptions) (admin.Status, error)
+	EventsPage(ctx context.Context, q admin.EventsOptions) (admin.EventsPage, error)
+	Event(ctx context.Context, seq int64, id string) (admin.EventDetail, error)
+	Failures(ctx context.Context) ([]admin.FailureGroup, error)
+	Activity(ctx context.Context, minutes int) ([]admin.Minute, error)
+	Affected(ctx context.Context, action admin.Action, sel admin.Selector) (admin.Affected, error)
+	Retry(ctx context.Context, sel admin.Selector) (int64, error)
+	Park(ctx context.Context, sel admin.Selector, reason string) (int64, error)
+	Unpark(ctx context.Context, sel admin.Selector) (int64, error)
+	Replay(ctx context.Context, sel admin.Selector, opts admin.ReplayOptions) (int64, error)
 }
 
-var _ Store = (*store.Store)(nil)
+var _ Admin = (*admin.Admin)(nil)
 
 // Options configure New.
 type Options struct {
-	Store  Store        // required
+	Admin  Admin        // required
 	Logger *slog.Logger // default: discard
 
 	// Token, when set, authorizes requests with "Authorization: Bearer
@@ -110,8 +111,8 @@ func (o Options) WithDefaults() Options {
 func (o Options) Validate() error {
 	var errs []error
 	switch {
-	case o.Store == nil:
-		errs = append(errs, errors.New("console: Store is nil"))
+	case o.Admin == nil:
+		errs = append(errs, errors.New("console: Admin is nil"))
 	case o.Token == "" && o.Username == "" && !o.AnonymousReads:
 		errs = append(errs, errors.New("console: no credentials: set Token, Username and Password, or AnonymousReads for a console anyone can read and no one can act in"))
 	}
@@ -127,8 +128,8 @@ func (o Options) Validate() error {
 	if o.StuckAfter < 0 || o.LagSLO < 0 {
 		errs = append(errs, errors.New("console: StuckAfter and LagSLO must not be negative"))
 	}
-	if o.ActivityMinutes < 0 || o.ActivityMinutes > store.MaxActivityMinutes {
-		errs = append(errs, fmt.Errorf("console: ActivityMinutes %d is not between 1 and %d", o.ActivityMinutes, store.MaxActivityMinutes))
+	if o.ActivityMinutes < 0 || o.ActivityMinutes > admin.MaxActivityMinutes {
+		errs = append(errs, fmt.Errorf("console: ActivityMinutes %d is not between 1 and %d", o.ActivityMinutes, admin.MaxActivityMinutes))
 	}
 	return errors.Join(errs...)
 }

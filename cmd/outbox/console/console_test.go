@@ -21,6 +21,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 const (
@@ -34,18 +36,23 @@ type fixture struct {
 	ctx  context.Context
 	pool *pgxpool.Pool
 	cfg  store.Config
-	st   *store.Store
+	st   *table.Source
+	ad   *admin.Admin
 	srv  *httptest.Server
 }
 
 func newFixture(t *testing.T, mod func(*console.Options)) *fixture {
 	t.Helper()
 	pool, cfg := pgtest.Schema(t)
-	st, err := store.New(pool, cfg, nil)
+	st, err := table.New(pool, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := console.Options{Store: st, Token: testToken, Username: testUser, Password: testPass}
+	ad, err := admin.New(pool, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := console.Options{Admin: ad, Token: testToken, Username: testUser, Password: testPass}
 	if mod != nil {
 		mod(&opts)
 	}
@@ -55,7 +62,7 @@ func newFixture(t *testing.T, mod func(*console.Options)) *fixture {
 	}
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
-	return &fixture{t: t, ctx: context.Background(), pool: pool, cfg: cfg, st: st, srv: srv}
+	return &fixture{t: t, ctx: context.Background(), pool: pool, cfg: cfg, st: st, ad: ad, srv: srv}
 }
 
 // write commits one event per type for aggregate agg and returns their ids.
@@ -110,9 +117,9 @@ func (f *fixture) hold(reason string, ids ...int64) {
 	}
 }
 
-func (f *fixture) state(id int64) store.EventState {
+func (f *fixture) state(id int64) admin.EventState {
 	f.t.Helper()
-	d, err := f.st.Event(f.ctx, id, "")
+	d, err := f.ad.Event(f.ctx, id, "")
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -265,7 +272,7 @@ func TestAPIActions(t *testing.T) {
 	if code, m := post("retry", fmt.Sprintf(`{"seqs":[%d]}`, ids[0])); code != 200 || m["count"] != 1.0 {
 		t.Errorf("retry: %d %v", code, m)
 	}
-	if s := f.state(ids[0]); s != store.StatePending {
+	if s := f.state(ids[0]); s != admin.StatePending {
 		t.Errorf("after retry the event is %s, want pending", s)
 	}
 	if code, m := post("park", fmt.Sprintf(`{"seqs":[%d]}`, ids[1])); code != 400 || !strings.Contains(fmt.Sprint(m["error"]), "reason") {
@@ -295,7 +302,7 @@ func TestAPIActions(t *testing.T) {
 // event id when let through.
 func writeRoutes(id int64) []req {
 	var out []req
-	for _, a := range store.Actions {
+	for _, a := range admin.Actions {
 		out = append(out,
 			req{method: "POST", path: "/api/v1/actions/" + string(a), contentType: "application/json",
 				body: fmt.Sprintf(`{"seqs":[%d],"reason":"r"}`, id)},
@@ -373,7 +380,7 @@ func TestWriteEndpointsRefuse(t *testing.T) {
 				if code != a.want {
 					t.Errorf("%s %s (%s): %d %s, want %d", a.r.method, a.r.path, a.name, code, short(body), a.want)
 				}
-				if s := fx.state(id); s != store.StateHeld {
+				if s := fx.state(id); s != admin.StateHeld {
 					t.Fatalf("%s %s (%s) changed the event to %s", a.r.method, a.r.path, a.name, s)
 				}
 			}
@@ -396,7 +403,7 @@ var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 // CSRF token.
 func csrfFor(t *testing.T, f *fixture, auth string) string {
 	t.Helper()
-	ev, err := f.st.Events(f.ctx, store.EventsOptions{State: store.StatePending, Limit: 1})
+	ev, err := f.ad.Events(f.ctx, admin.EventsOptions{State: admin.StatePending, Limit: 1})
 	if err != nil || len(ev) == 0 {
 		t.Fatalf("no event to render: %v", err)
 	}
@@ -490,7 +497,7 @@ func TestBulkActionNeedsConfirmation(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/console/actions/retry?") {
 		t.Fatalf("unconfirmed bulk retry: %d to %q, want a redirect to the confirmation", resp.StatusCode, resp.Header.Get("Location"))
 	}
-	if f.state(ids[0]) != store.StateHeld {
+	if f.state(ids[0]) != admin.StateHeld {
 		t.Fatal("the unconfirmed bulk retry acted")
 	}
 	code, body := f.do(req{method: "GET", path: resp.Header.Get("Location"), auth: "basic"})
@@ -503,29 +510,29 @@ func TestBulkActionNeedsConfirmation(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "2 events") {
 		t.Fatalf("confirmed retry: %d\n%s", code, body)
 	}
-	if f.state(ids[0]) != store.StatePending || f.state(more[0]) != store.StatePending {
+	if f.state(ids[0]) != admin.StatePending || f.state(more[0]) != admin.StatePending {
 		t.Error("the confirmed retry did not release both events")
 	}
 }
 
 func TestOptionsValidate(t *testing.T) {
-	st := &store.Store{}
+	st := &admin.Admin{}
 	for _, c := range []struct {
 		o    console.Options
 		want string
 	}{
-		{console.Options{}, "Store"},
-		{console.Options{Store: st}, "no credentials"},
-		{console.Options{Store: st, Token: "short"}, "Token"},
-		{console.Options{Store: st, Username: "u"}, "go together"},
-		{console.Options{Store: st, Username: "u", Password: "short"}, "Password"},
-		{console.Options{Store: st, AnonymousReads: true, ActivityMinutes: 100000}, "ActivityMinutes"},
+		{console.Options{}, "Admin"},
+		{console.Options{Admin: st}, "no credentials"},
+		{console.Options{Admin: st, Token: "short"}, "Token"},
+		{console.Options{Admin: st, Username: "u"}, "go together"},
+		{console.Options{Admin: st, Username: "u", Password: "short"}, "Password"},
+		{console.Options{Admin: st, AnonymousReads: true, ActivityMinutes: 100000}, "ActivityMinutes"},
 	} {
 		if _, err := console.New(c.o); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New(%+v) = %v, want an error naming %s", c.o, err, c.want)
 		}
 	}
-	if _, err := console.New(console.Options{Store: st, AnonymousReads: true}); err != nil {
+	if _, err := console.New(console.Options{Admin: st, AnonymousReads: true}); err != nil {
 		t.Errorf("anonymous read-only console: %v", err)
 	}
 }

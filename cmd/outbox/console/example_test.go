@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // Serve the console and its API from a program of one's own, next to its
@@ -21,12 +22,12 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	st, err := store.New(pool, store.Config{}, nil)
+	ad, err := admin.New(pool, store.Config{}, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	con, err := console.New(console.Options{
-		Store:    st,
+		Admin:    ad,
 		Username: "ops",
 		Password: os.Getenv("CONSOLE_PASSWORD"), // at least 16 bytes
 		Token:    os.Getenv("CONSOLE_TOKEN"),    // for scripts; optional

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 //go:embed templates/*.html
@@ -29,9 +29,9 @@ type pages struct {
 }
 
 var funcs = template.FuncMap{
-	"neighbours": func() int { return store.Neighbours },
+	"neighbours": func() int { return admin.Neighbours },
 	"bytes":      humanBytes,
-	"window":     func() string { return thousands(store.NeighbourWindow) },
+	"window":     func() string { return thousands(admin.NeighbourWindow) },
 	"ago":        agoSeconds,
 	"since":      since,
 	"ts":         timestamp,
@@ -135,7 +135,7 @@ func (c *Console) pageOverview(w http.ResponseWriter, r *http.Request) {
 // its filters make, for acting on every match.
 type eventsPage struct {
 	Events
-	States   []store.EventState
+	States   []admin.EventState
 	Selector *Selector // nil when the filters make none
 	Next     template.URL
 }
@@ -146,7 +146,7 @@ func (c *Console) pageEvents(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	p := eventsPage{Events: ev, States: store.EventStates}
+	p := eventsPage{Events: ev, States: admin.EventStates}
 	q := ev.Query
 	// The error-substring filter has no selector counterpart.
 	if q.Error == "" && (q.Type != "" || q.AggregateID != "" || q.Fingerprint != "" || q.CreatedAfter != nil || q.CreatedBefore != nil) {

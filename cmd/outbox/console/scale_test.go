@@ -16,7 +16,7 @@ import (
 
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/internal/pgtest"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // BenchmarkConsolePages measures each page and API call, served over HTTP
@@ -140,12 +140,12 @@ FROM generate_series(1, 2500) i`, t),
 			return
 		}
 		b.Logf("table of %d events built in %s", n, time.Since(start).Round(time.Second))
-		st, err := store.New(pool, cfg, nil)
+		ad, err := admin.New(pool, cfg, nil)
 		if err != nil {
 			scaleErr = err
 			return
 		}
-		c, err := console.New(console.Options{Store: st, Username: testUser, Password: testPass})
+		c, err := console.New(console.Options{Admin: ad, Username: testUser, Password: testPass})
 		if err != nil {
 			scaleErr = err
 			return

@@ -25,6 +25,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // Main runs the command line with args (without the program name) and
@@ -182,16 +184,16 @@ func (e *app) newPool(ctx context.Context, appName string, warm int32) (*pgxpool
 
 // openStore connects, checks that the schema is migrated and returns the
 // store; closing st.Pool() releases it.
-func (e *app) openStore(ctx context.Context, appName string) (*store.Store, error) {
+func (e *app) openStore(ctx context.Context, appName string) (*table.Source, error) {
 	pool, err := e.openPool(ctx, appName)
 	if err != nil {
 		return nil, err
 	}
-	if err := store.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
+	if err := migrate.CheckSchema(ctx, pool, e.cfg.StoreConfig()); err != nil {
 		pool.Close()
 		return nil, err
 	}
-	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
+	st, err := table.New(pool, e.cfg.StoreConfig(), e.log)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -240,13 +242,13 @@ func migrateCmd() *cobra.Command {
 			}
 			defer pool.Close()
 			if printSQL {
-				have, partial, steps, err := store.SchemaProgress(cmd.Context(), pool, e.cfg.StoreConfig())
+				have, partial, steps, err := migrate.SchemaProgress(cmd.Context(), pool, e.cfg.StoreConfig())
 				if err != nil {
 					return err
 				}
 				return printMigrations(e.out, e.cfg.StoreConfig(), have, partial, steps)
 			}
-			applied, err := store.MigrateWith(cmd.Context(), pool, e.cfg.StoreConfig(), store.MigrateOptions{Log: e.log})
+			applied, err := migrate.MigrateWith(cmd.Context(), pool, e.cfg.StoreConfig(), migrate.Options{Log: e.log})
 			if err != nil {
 				return err
 			}
@@ -283,15 +285,15 @@ func printMigrations(w io.Writer, cfg store.Config, have, partial, steps int) er
 	if err != nil {
 		return usageError(err)
 	}
-	migs, err := store.Migrations(sc)
+	migs, err := migrate.Migrations(sc)
 	if err != nil {
 		return err
 	}
-	setup, err := store.MigrationSetupSQL(sc)
+	setup, err := migrate.MigrationSetupSQL(sc)
 	if err != nil {
 		return err
 	}
-	var pending []store.Migration
+	var pending []migrate.Migration
 	for _, m := range migs {
 		if m.Version > have {
 			pending = append(pending, m)
@@ -315,23 +317,23 @@ func printMigrations(w io.Writer, cfg store.Config, have, partial, steps int) er
 			if m.Version == partial && i < steps {
 				continue
 			}
-			rec, err := store.MigrationStepRecordSQL(sc, m, i)
+			rec, err := migrate.MigrationStepRecordSQL(sc, m, i)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(w, "\n-- %04d_%s step %d of %d, %s\n", m.Version, m.Name, i+1, len(m.Steps), st.Kind)
 			switch st.Kind {
-			case store.StepTx:
+			case migrate.StepTx:
 				fmt.Fprintln(w, "BEGIN;")
 				if st.BlocksWrites() {
-					fmt.Fprintf(w, "SET LOCAL lock_timeout = '%dms';\n", store.DefaultLockTimeout.Milliseconds())
+					fmt.Fprintf(w, "SET LOCAL lock_timeout = '%dms';\n", migrate.DefaultLockTimeout.Milliseconds())
 				}
 				for _, x := range st.Statements {
 					fmt.Fprintf(w, "-- lock: %s\n%s;\n", x.Lock, x.SQL)
 				}
 				fmt.Fprintf(w, "%s;\nCOMMIT;\n", rec)
-			case store.StepBatch:
-				do, err := store.BatchSQL(sc, st, store.DefaultBatchRows)
+			case migrate.StepBatch:
+				do, err := migrate.BatchSQL(sc, st, migrate.DefaultBatchRows)
 				if err != nil {
 					return err
 				}

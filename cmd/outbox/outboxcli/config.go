@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 	"github.com/outboxhq/outbox/store/logrelay"
 )
 
@@ -156,7 +159,7 @@ func Defaults() Config {
 	if err != nil {
 		panic(err) // the zero Options is valid
 	}
-	cleanup, err := store.CleanupOptions{}.WithDefaults()
+	cleanup, err := admin.CleanupOptions{}.WithDefaults()
 	if err != nil {
 		panic(err)
 	}
@@ -198,64 +201,159 @@ func Defaults() Config {
 
 // Validate checks the values no later stage checks, naming the field.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	return errors.Join(slices.Concat(c.validateConnection(), c.validateBroker(), c.validateRelay(), c.validateOperations())...)
+}
+
+// problems collects a configuration's errors, each naming its key.
+type problems []error
+
+func (p *problems) bad(key, format string, a ...any) {
+	*p = append(*p, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+}
+
+func (p *problems) add(err error) {
+	if err != nil {
+		*p = append(*p, err)
 	}
+}
+
+// validateConnection checks the database URL and the store's names.
+func (c *Config) validateConnection() problems {
+	var p problems
 	if c.DatabaseURL == "" {
-		bad("database_url", "is empty (set --database-url, DATABASE_URL or database_url in the config file)")
+		p.bad("database_url", "is empty (set --database-url, DATABASE_URL or database_url in the config file)")
 	} else if u, err := url.Parse(c.DatabaseURL); err == nil && u.Scheme != "" && u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		bad("database_url", "scheme %q is not postgres://", u.Scheme)
+		p.bad("database_url", "scheme %q is not postgres://", u.Scheme)
 	}
-	if _, err := c.StoreConfig().WithDefaults(); err != nil {
-		errs = append(errs, err)
-	}
+	_, err := c.StoreConfig().WithDefaults()
+	p.add(err)
+	return p
+}
+
+// validateBroker checks the broker's name, the routing and the
+// CloudEvents binding.
+func (c *Config) validateBroker() problems {
+	var p problems
 	if c.Broker != "" && !brokers.Registered(c.Broker) {
-		bad("broker", "unknown broker %q (known: %s)", c.Broker, strings.Join(brokers.Names(), ", "))
+		p.bad("broker", "unknown broker %q (known: %s)", c.Broker, strings.Join(brokers.Names(), ", "))
 	}
-	if err := c.Routing.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	p.add(c.Routing.Validate())
 	if c.CloudEvents.Enabled {
-		if err := (brokers.CloudEvents{Source: c.CloudEvents.Source}).Validate(); err != nil {
-			errs = append(errs, err)
-		}
+		p.add(brokers.CloudEvents{Source: c.CloudEvents.Source}.Validate())
 	}
+	return p
+}
+
+// validateRelay checks the relay section and the database settings that
+// must fit it. The ranges are core's (core.Options.WithDefaults); the file
+// adds that every key has a value, since Defaults fills them all and core
+// reads 0 as "the default".
+func (c *Config) validateRelay() problems {
+	var p problems
 	r := c.Relay
-	if r.BatchSize < 1 || r.BatchSize > core.MaxBatchSize {
-		bad("relay.batch_size", "%d is not between 1 and %d", r.BatchSize, core.MaxBatchSize)
-	}
-	if r.Lanes < 1 || r.Lanes > core.MaxLanes {
-		bad("relay.lanes", "%d is not between 1 and %d", r.Lanes, core.MaxLanes)
-	}
-	if r.Claimers < 1 || r.Claimers > core.MaxClaimers {
-		bad("relay.claimers", "%d is not between 1 and %d", r.Claimers, core.MaxClaimers)
+	rejected, err := c.rejectedByCore()
+	p.add(err)
+	for _, k := range relayCounts(r) {
+		if k.v < 1 || rejected[k.field] {
+			p.bad(k.key, "%d is not between 1 and %d", k.v, k.max)
+		}
 	}
 	if int(c.Database.MaxConns) < r.Claimers+2 {
-		bad("database.max_conns", "%d is too few: each of relay.claimers %d open claims holds one, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
+		p.bad("database.max_conns", "%d is too few: each of relay.claimers %d open claims holds one, and metrics and retention need one more", c.Database.MaxConns, r.Claimers)
 	}
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{
-		{"relay.poll_interval", r.PollInterval}, {"relay.publish_timeout", r.PublishTimeout},
-		{"relay.shutdown_timeout", r.ShutdownTimeout}, {"relay.retry_min", r.RetryMin}, {"relay.retry_max", r.RetryMax},
-	} {
-		if d.v <= 0 {
-			bad(d.field, "must be a positive duration such as 500ms or 30s")
+	// Core refuses only negative durations, and a retry backoff out of
+	// order, which the checks below name by key.
+	for _, k := range relayDurations(r) {
+		if k.v <= 0 {
+			p.bad(k.key, "must be a positive duration such as 500ms or 30s")
 		}
 	}
+	p = append(p, c.validateLogMode()...)
+	if r.StartupTimeout < 0 {
+		p.bad("relay.startup_timeout", "is negative (0 waits for the database and the broker as long as it takes)")
+	}
+	if r.RetryMax < r.RetryMin {
+		p.bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
+	}
+	if c.Database.IdleInTransactionTimeout < 0 {
+		p.bad("database.idle_in_transaction_timeout", "is negative")
+	} else if t := c.Database.IdleInTransactionTimeout; t > 0 && t <= r.PublishTimeout {
+		p.bad("database.idle_in_transaction_timeout", "%s must exceed relay.publish_timeout %s, or batches would be cut off mid-publish", t, r.PublishTimeout)
+	}
+	return p
+}
+
+// relayKey is a key of the relay section and the core.Options field it
+// sets, the field a core.OptionError names.
+type relayKey[T any] struct {
+	key, field string
+	v          T
+	max        T // for a count: core's upper bound
+}
+
+// relayCounts are the relay section's counts, 1 to core's maximum.
+func relayCounts(r RelayConfig) []relayKey[int] {
+	return []relayKey[int]{
+		{"relay.batch_size", "BatchSize", r.BatchSize, core.MaxBatchSize},
+		{"relay.lanes", "Lanes", r.Lanes, core.MaxLanes},
+		{"relay.claimers", "Claimers", r.Claimers, core.MaxClaimers},
+	}
+}
+
+// relayDurations are the relay section's durations, all positive.
+func relayDurations(r RelayConfig) []relayKey[time.Duration] {
+	return []relayKey[time.Duration]{
+		{key: "relay.poll_interval", field: "PollInterval", v: r.PollInterval},
+		{key: "relay.publish_timeout", field: "PublishTimeout", v: r.PublishTimeout},
+		{key: "relay.shutdown_timeout", field: "ShutdownTimeout", v: r.ShutdownTimeout},
+		{key: "relay.retry_min", field: "RetryBackoff", v: r.RetryMin},
+		{key: "relay.retry_max", field: "RetryBackoff", v: r.RetryMax},
+	}
+}
+
+// rejectedByCore returns the core.Options fields core refuses in the relay
+// section's options. Core names the first bad field; setting it to its
+// default and asking again names the next. An error that names no field
+// of the relay section is returned as it is.
+func (c *Config) rejectedByCore() (map[string]bool, error) {
+	known := map[string]bool{}
+	for _, k := range relayCounts(c.Relay) {
+		known[k.field] = true
+	}
+	for _, k := range relayDurations(c.Relay) {
+		known[k.field] = true
+	}
+	opts := c.RelayOptions(nil, nil)
+	rejected := map[string]bool{}
+	for {
+		_, err := opts.WithDefaults()
+		var oe *core.OptionError
+		if err == nil {
+			return rejected, nil
+		}
+		if !errors.As(err, &oe) || !known[oe.Field] || rejected[oe.Field] {
+			return rejected, err
+		}
+		rejected[oe.Field] = true
+		reflect.ValueOf(&opts).Elem().FieldByName(oe.Field).SetZero()
+	}
+}
+
+// validateLogMode checks relay.mode and the log relay's settings.
+func (c *Config) validateLogMode() problems {
+	var p problems
+	r := c.Relay
 	switch r.Mode {
 	case "table":
 	case "log":
 		if _, err := c.LogRelayOptions(nil, nil).WithDefaults(); err != nil {
-			bad("relay.log", "%s", strings.TrimPrefix(err.Error(), "log relay options: "))
+			p.bad("relay.log", "%s", strings.TrimPrefix(err.Error(), "log relay options: "))
 		}
 	default:
-		bad("relay.mode", "%q is not table or log", r.Mode)
+		p.bad("relay.mode", "%q is not table or log", r.Mode)
 	}
 	if r.Log.MaxInFlight < 1 {
-		bad("relay.log.max_in_flight", "%d is not positive", r.Log.MaxInFlight)
+		p.bad("relay.log.max_in_flight", "%d is not positive", r.Log.MaxInFlight)
 	}
 	for _, d := range []struct {
 		field string
@@ -265,53 +363,49 @@ func (c *Config) Validate() error {
 		{"relay.log.standby_interval", r.Log.StandbyInterval},
 	} {
 		if d.v <= 0 {
-			bad(d.field, "must be a positive duration such as 1s")
+			p.bad(d.field, "must be a positive duration such as 1s")
 		}
 	}
-	if r.StartupTimeout < 0 {
-		bad("relay.startup_timeout", "is negative (0 waits for the database and the broker as long as it takes)")
-	}
-	if r.RetryMax < r.RetryMin {
-		bad("relay.retry_max", "%s is less than relay.retry_min %s", r.RetryMax, r.RetryMin)
-	}
-	if c.Database.IdleInTransactionTimeout < 0 {
-		bad("database.idle_in_transaction_timeout", "is negative")
-	} else if t := c.Database.IdleInTransactionTimeout; t > 0 && t <= r.PublishTimeout {
-		bad("database.idle_in_transaction_timeout", "%s must exceed relay.publish_timeout %s, or batches would be cut off mid-publish", t, r.PublishTimeout)
-	}
+	return p
+}
+
+// validateOperations checks what the relay does besides relaying: the
+// producer limit, logging, retention, the stuck age and the console.
+func (c *Config) validateOperations() problems {
+	var p problems
 	if c.Producer.MaxPayloadBytes < 1 {
-		bad("producer.max_payload_bytes", "%d is not positive", c.Producer.MaxPayloadBytes)
+		p.bad("producer.max_payload_bytes", "%d is not positive", c.Producer.MaxPayloadBytes)
 	}
 	if c.Log.Format != "text" && c.Log.Format != "json" {
-		bad("log.format", "%q is not text or json", c.Log.Format)
+		p.bad("log.format", "%q is not text or json", c.Log.Format)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
-		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
+		p.bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
 	}
-	rt := c.Retention
-	if rt.Enabled {
-		if rt.Interval <= 0 {
-			bad("retention.interval", "must be positive")
-		}
-		if rt.Dispatched <= 0 {
-			bad("retention.dispatched", "must be positive")
-		}
-		if rt.Processed <= 0 {
-			bad("retention.processed", "must be positive")
+	if rt := c.Retention; rt.Enabled {
+		for _, d := range []struct {
+			field string
+			v     time.Duration
+		}{
+			{"retention.interval", rt.Interval}, {"retention.dispatched", rt.Dispatched}, {"retention.processed", rt.Processed},
+		} {
+			if d.v <= 0 {
+				p.bad(d.field, "must be positive")
+			}
 		}
 		if rt.BatchSize < 1 {
-			bad("retention.batch_size", "%d is not positive", rt.BatchSize)
+			p.bad("retention.batch_size", "%d is not positive", rt.BatchSize)
 		}
 	}
 	if c.Stuck.After <= 0 {
-		bad("stuck.after", "must be positive")
+		p.bad("stuck.after", "must be positive")
 	}
-	errs = append(errs, c.Console.validate(c.Console.Enabled)...)
+	p = append(p, c.Console.validate(c.Console.Enabled)...)
 	if c.Console.Enabled && c.HTTP.Listen == "" {
-		bad("console.enabled", "needs http.listen, the address the console is served on")
+		p.bad("console.enabled", "needs http.listen, the address the console is served on")
 	}
-	return errors.Join(errs...)
+	return p
 }
 
 // ValidateRelay checks, besides Validate, what only `outbox relay` needs: a
@@ -328,32 +422,29 @@ func (c *Config) ValidateRelay() error {
 
 // validate checks the console section; checkAccess also when the console
 // is served by a command that needs no console.enabled.
-func (c ConsoleConfig) validate(checkAccess bool) []error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
-	}
+func (c ConsoleConfig) validate(checkAccess bool) problems {
+	var p problems
 	if c.LagSLO <= 0 {
-		bad("console.lag_slo", "must be positive")
+		p.bad("console.lag_slo", "must be positive")
 	}
 	if !checkAccess {
-		return errs
+		return p
 	}
 	// The lengths are checked, never the values, which stay out of errors.
 	if c.Token == "" && c.Username == "" && !c.AnonymousReads {
-		bad("console", "no credentials: set console.token (OUTBOX_CONSOLE_TOKEN) or console.username and console.password, "+
+		p.bad("console", "no credentials: set console.token (OUTBOX_CONSOLE_TOKEN) or console.username and console.password, "+
 			"or console.anonymous_reads for a console anyone on the network can read and no one can act in")
 	}
 	if c.Token != "" && len(c.Token) < consoleMinSecret {
-		bad("console.token", "is %d bytes; use at least %d random bytes", len(c.Token), consoleMinSecret)
+		p.bad("console.token", "is %d bytes; use at least %d random bytes", len(c.Token), consoleMinSecret)
 	}
 	if (c.Username == "") != (c.Password == "") {
-		bad("console.username", "and console.password go together")
+		p.bad("console.username", "and console.password go together")
 	}
 	if c.Password != "" && len(c.Password) < consoleMinSecret {
-		bad("console.password", "is %d bytes; use at least %d", len(c.Password), consoleMinSecret)
+		p.bad("console.password", "is %d bytes; use at least %d", len(c.Password), consoleMinSecret)
 	}
-	return errs
+	return p
 }
 
 // consoleMinSecret is the shortest console token or password accepted.

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 // fuzzSecret is the password of the database URL every fuzzed load sees; no
@@ -77,12 +78,12 @@ func checkQuotedSQL(t *testing.T, sc store.Config) {
 	if err != nil {
 		t.Fatalf("validated store config rejected: %v", err)
 	}
-	migs, err := store.Migrations(sc)
+	migs, err := migrate.Migrations(sc)
 	if err != nil {
 		t.Fatalf("migrations for a validated config: %v", err)
 	}
 	role := "r" + sc.Table // any name
-	grants, err := store.Grants(sc, store.Roles{Relay: role, Producer: role, Consumer: role})
+	grants, err := migrate.Grants(sc, migrate.Roles{Relay: role, Producer: role, Consumer: role})
 	if err != nil {
 		t.Fatalf("grants for a validated config: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // `outbox console`: the operator console and its API for a host that runs
@@ -53,7 +53,7 @@ func consoleCmd() *cobra.Command {
 	return cmd
 }
 
-func (e *app) serveConsole(ctx context.Context, st *store.Store) error {
+func (e *app) serveConsole(ctx context.Context, st *table.Source) error {
 	con, err := e.newConsole(st, nil)
 	if err != nil {
 		return err

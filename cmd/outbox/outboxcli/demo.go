@@ -24,6 +24,8 @@ import (
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 const demoSchema = "outbox_demo"
@@ -136,7 +138,7 @@ func (e *app) runDemo(ctx context.Context, orders int) error {
 	say("3. The relay claims committed events (FOR UPDATE SKIP LOCKED), publishes them with the")
 	say("   aggregate id as key and marks them dispatched. The demo broker delivers each event twice,")
 	say("   as a broker redelivery or a relay crash before its mark would.")
-	st, err := store.New(pool, cfg, e.log)
+	st, err := table.New(pool, cfg, e.log)
 	if err != nil {
 		return err
 	}
@@ -203,7 +205,7 @@ func demoSetup(ctx context.Context, pool *pgxpool.Pool, cfg store.Config) error 
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{demoSchema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("reset demo schema: %w", err)
 	}
-	if _, err := store.Migrate(ctx, pool, cfg); err != nil {
+	if _, err := migrate.Migrate(ctx, pool, cfg); err != nil {
 		return err
 	}
 	s := pgx.Identifier{demoSchema}.Sanitize()

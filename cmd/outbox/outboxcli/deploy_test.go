@@ -24,7 +24,7 @@ import (
 
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // The deploy files under docs/deploy name commands, flags, ports, probe
@@ -88,7 +88,7 @@ func checkArgs(t *testing.T, where string, args []string) (listen string) {
 func servedPaths(t *testing.T, where string, paths ...string) {
 	t.Helper()
 	mux := opsHandler(prometheus.NewRegistry(), func(context.Context) []core.Check { return nil }, discardLogger())
-	con, err := console.New(console.Options{Store: &store.Store{}, AnonymousReads: true})
+	con, err := console.New(console.Options{Admin: &admin.Admin{}, AnonymousReads: true})
 	if err != nil {
 		t.Fatal(err)
 	}

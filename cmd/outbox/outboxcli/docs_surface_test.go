@@ -19,7 +19,8 @@ import (
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // docFiles are README.md and docs/*.md, by name.
@@ -176,7 +177,7 @@ func registeredMetrics(t *testing.T) map[string]bool {
 	if _, err := metrics.NewObserver(metrics.Options{Registerer: reg, Broker: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := metrics.NewPoller(&store.Store{}, metrics.PollerOptions{Registerer: reg}); err != nil {
+	if _, err := metrics.NewPoller(&table.Source{}, metrics.PollerOptions{Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
 	newSlotMetrics(reg)
@@ -236,7 +237,7 @@ func serves(h http.Handler, p string) (ok bool) {
 func relayMux(t *testing.T) *http.ServeMux {
 	t.Helper()
 	mux := opsHandler(prometheus.NewRegistry(), func(context.Context) []core.Check { return nil }, discardLogger())
-	con, err := console.New(console.Options{Store: &store.Store{}, AnonymousReads: true})
+	con, err := console.New(console.Options{Admin: &admin.Admin{}, AnonymousReads: true})
 	if err != nil {
 		t.Fatal(err)
 	}

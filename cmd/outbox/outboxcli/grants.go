@@ -6,14 +6,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 func init() { extraCommands = append(extraCommands, grantsCmd) }
 
 func grantsCmd() *cobra.Command {
 	var (
-		roles store.Roles
+		roles migrate.Roles
 		apply bool
 	)
 	cmd := &cobra.Command{
@@ -35,7 +35,7 @@ func grantsCmd() *cobra.Command {
 				}
 				commandMasker(cmd).add(secretsOf(l.k)...)
 				roles.LogMode = cfg.Relay.Mode == "log"
-				stmts, err := store.Grants(cfg.StoreConfig(), roles)
+				stmts, err := migrate.Grants(cfg.StoreConfig(), roles)
 				if err != nil {
 					return usageError(err)
 				}
@@ -49,7 +49,7 @@ func grantsCmd() *cobra.Command {
 				return err
 			}
 			roles.LogMode = e.cfg.Relay.Mode == "log"
-			stmts, err := store.Grants(e.cfg.StoreConfig(), roles)
+			stmts, err := migrate.Grants(e.cfg.StoreConfig(), roles)
 			if err != nil {
 				return err
 			}
@@ -58,7 +58,7 @@ func grantsCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			if err := store.ApplyGrants(cmd.Context(), pool, e.cfg.StoreConfig(), roles); err != nil {
+			if err := migrate.ApplyGrants(cmd.Context(), pool, e.cfg.StoreConfig(), roles); err != nil {
 				return err
 			}
 			fmt.Fprintf(e.out, "applied %d grants\n", len(stmts))

@@ -20,7 +20,8 @@ import (
 	"github.com/outboxhq/outbox/cmd/outbox/console"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/metrics"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func init() { relayHooks = append(relayHooks, startPoller) }
@@ -28,7 +29,7 @@ func init() { relayHooks = append(relayHooks, startPoller) }
 // startHTTP serves /metrics, /healthz and /readyz when http.listen is set,
 // and returns the metrics observer for the relay. Until relay returns one,
 // /readyz shows the checks of waiting: what the starting relay waits for.
-func (e *app) startHTTP(ctx context.Context, st *store.Store, relay func() *core.Relay, waiting *startup) (core.Observer, error) {
+func (e *app) startHTTP(ctx context.Context, st *table.Source, relay func() *core.Relay, waiting *startup) (core.Observer, error) {
 	addr := e.cfg.HTTP.Listen
 	if addr == "" {
 		return nil, nil
@@ -94,7 +95,7 @@ func (e *app) startHTTP(ctx context.Context, st *store.Store, relay func() *core
 
 // startPoller runs the backlog gauges' queries once the database is
 // reached, when /metrics is served.
-func startPoller(ctx context.Context, e *app, _ *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
+func startPoller(ctx context.Context, e *app, _ *table.Source, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
 	if e.poller != nil {
 		go e.poller.Run(ctx)
 	}
@@ -130,10 +131,14 @@ func relayClientName() string {
 }
 
 // newConsole builds the console of the configuration over st.
-func (e *app) newConsole(st *store.Store, local func() (string, time.Time)) (*console.Console, error) {
+func (e *app) newConsole(st *table.Source, local func() (string, time.Time)) (*console.Console, error) {
 	c := e.cfg.Console
+	ad, err := admin.New(st.Pool(), st.Config(), e.log)
+	if err != nil {
+		return nil, err
+	}
 	con, err := console.New(console.Options{
-		Store: st, Logger: e.log.With("component", "console"),
+		Admin: ad, Logger: e.log.With("component", "console"),
 		Token: c.Token, Username: c.Username, Password: c.Password,
 		AnonymousReads: c.AnonymousReads, ReadOnly: c.ReadOnly,
 		StuckAfter: e.cfg.Stuck.After, LagSLO: c.LagSLO, RelayApplication: relayAppName, LocalRelay: local,
@@ -205,14 +210,14 @@ func healthHandlers(mux *http.ServeMux, ready func(context.Context) []core.Check
 // registerPartitions exports how many partitions of aggregates an ordered
 // relay claims from: its share while it shares them with other replicas,
 // all of them while it does not.
-func registerPartitions(reg prometheus.Registerer, st *store.Store) {
+func registerPartitions(reg prometheus.Registerer, st *table.Source) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "outbox", Name: "partitions_owned",
-		Help: "Partitions of aggregates this ordered relay claims from, of " + strconv.Itoa(store.Partitions) + ".",
+		Help: "Partitions of aggregates this ordered relay claims from, of " + strconv.Itoa(table.Partitions) + ".",
 	}, func() float64 {
 		if p := st.Owned(); p != nil {
 			return float64(len(p))
 		}
-		return store.Partitions
+		return table.Partitions
 	}))
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // relay.mode log runs a logrelay.Pair: the log relay reads the slot; beside
@@ -25,7 +25,7 @@ func init() { extraCommands = append(extraCommands, slotCmd) }
 
 // runLogRelay runs the pair until ctx ends. setRelay hands the table
 // path's relay to the hooks (readiness, the console's progress).
-func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publisher, obs core.Observer, setRelay func(*core.Relay)) error {
+func (e *app) runLogRelay(ctx context.Context, st *table.Source, pub core.Publisher, obs core.Observer, setRelay func(*core.Relay)) error {
 	pool := st.Pool()
 	lo := e.cfg.LogRelayOptions(e.log.With("path", "log"), obs)
 	lo.ApplicationName = fmt.Sprintf("%s log", relayAppName)
@@ -40,7 +40,7 @@ func (e *app) runLogRelay(ctx context.Context, st *store.Store, pub core.Publish
 		return usageError(err)
 	}
 	tableOpts := e.cfg.RelayOptions(e.log.With("path", "table"), obs)
-	handoff, err := store.New(pool, hc, tableOpts.Logger)
+	handoff, err := table.NewHandOff(pool, hc, tableOpts.Logger)
 	if err != nil {
 		return usageError(err)
 	}
@@ -139,7 +139,7 @@ func slotCmd() *cobra.Command {
 				"switching an outbox from relay.mode table to log loses nothing (stop the table relays first).",
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
+				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *table.Source) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
 					c, err := logrelay.CreateSlot(ctx, st.Pool(), st.Config(), o.Slot)
 					if err != nil {
@@ -163,7 +163,7 @@ func slotCmd() *cobra.Command {
 			Short: "Show the slot's position, lag, retained WAL and publication",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
+				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *table.Source) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
 					s, err := logrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
 					if err != nil {
@@ -209,7 +209,7 @@ func slotCmd() *cobra.Command {
 				"of the table are: create hands them to the table path). An active slot is refused.",
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *store.Store) error {
+				return withStore(cmd, "outbox-slot", func(ctx context.Context, e *app, st *table.Source) error {
 					o := e.cfg.LogRelayOptions(nil, nil)
 					before, err := logrelay.Inspect(ctx, st.Pool(), st.Config(), o.Slot)
 					if err != nil {

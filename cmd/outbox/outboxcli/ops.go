@@ -12,7 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // Operator commands over the whole outbox: status, replay and cleanup.
@@ -27,7 +28,7 @@ func init() {
 const relayAppName = "outbox-relay"
 
 // withStore sets up the command's configuration and store and runs fn.
-func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *app, st *store.Store) error) error {
+func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *app, st *table.Source) error) error {
 	e, err := setup(cmd)
 	if err != nil {
 		return err
@@ -39,6 +40,18 @@ func withStore(cmd *cobra.Command, appName string, fn func(ctx context.Context, 
 	}
 	defer st.Pool().Close()
 	return fn(ctx, e, st)
+}
+
+// withAdmin sets up the command's configuration and the outbox's operator
+// queries and runs fn.
+func withAdmin(cmd *cobra.Command, appName string, fn func(ctx context.Context, e *app, st *admin.Admin) error) error {
+	return withStore(cmd, appName, func(ctx context.Context, e *app, st *table.Source) error {
+		ad, err := admin.New(st.Pool(), st.Config(), e.log)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, e, ad)
+	})
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -93,8 +106,8 @@ func statusCmd() *cobra.Command {
 		Short: "Show the backlog: pending events, oldest age, publish rate, stuck events, relay sessions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-status", func(ctx context.Context, e *app, st *store.Store) error {
-				s, err := st.Status(ctx, store.StatusOptions{StuckAfter: e.cfg.Stuck.After, RelayApplication: relayAppName})
+			return withAdmin(cmd, "outbox-status", func(ctx context.Context, e *app, st *admin.Admin) error {
+				s, err := st.Status(ctx, admin.StatusOptions{StuckAfter: e.cfg.Stuck.After, RelayApplication: relayAppName})
 				if err != nil {
 					return err
 				}
@@ -176,7 +189,7 @@ type replayJSON struct {
 
 func replayCmd() *cobra.Command {
 	var (
-		sel        store.Selector
+		sel        admin.Selector
 		parseTimes func() error
 		batch      int
 		dryRun     bool
@@ -202,11 +215,11 @@ func replayCmd() *cobra.Command {
 			if batch < 1 || batch > 100000 {
 				return usagef("--batch: %d is not between 1 and 100000", batch)
 			}
-			return withStore(cmd, "outbox-replay", func(ctx context.Context, e *app, st *store.Store) error {
+			return withAdmin(cmd, "outbox-replay", func(ctx context.Context, e *app, st *admin.Admin) error {
 				progress := func(n int64) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "replay: %d events so far\n", n)
 				}
-				n, err := st.Replay(ctx, sel, store.ReplayOptions{BatchSize: batch, DryRun: dryRun, Progress: progress})
+				n, err := st.Replay(ctx, sel, admin.ReplayOptions{BatchSize: batch, DryRun: dryRun, Progress: progress})
 				if err != nil {
 					if n > 0 {
 						return fmt.Errorf("%w (%d events were replayed before the error)", err, n)
@@ -264,7 +277,7 @@ func cleanupCmd() *cobra.Command {
 			"outbox, this command or a relay's scheduled one.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-cleanup", func(ctx context.Context, e *app, st *store.Store) error {
+			return withAdmin(cmd, "outbox-cleanup", func(ctx context.Context, e *app, st *admin.Admin) error {
 				rt := e.cfg.Retention
 				if !cmd.Flags().Changed("dispatched") {
 					dispatched = rt.Dispatched
@@ -283,8 +296,8 @@ func cleanupCmd() *cobra.Command {
 				case batch < 1 || batch > 100000:
 					return usagef("--batch: %d is not between 1 and 100000", batch)
 				}
-				opts := store.CleanupOptions{Dispatched: dispatched, Processed: processed, BatchSize: batch, DryRun: dryRun,
-					Progress: func(p store.CleanupProgress) {
+				opts := admin.CleanupOptions{Dispatched: dispatched, Processed: processed, BatchSize: batch, DryRun: dryRun,
+					Progress: func(p admin.CleanupProgress) {
 						fmt.Fprintf(cmd.ErrOrStderr(), "cleanup: %s: %d rows deleted so far\n", p.Table, p.Deleted)
 					}}
 				res, err := st.Cleanup(ctx, opts)
@@ -292,7 +305,7 @@ func cleanupCmd() *cobra.Command {
 					OutboxCutoff: res.OutboxCutoff, ProcessedCutoff: res.ProcessedCutoff, Batches: res.Batches,
 					ElapsedSeconds: seconds(res.Elapsed), DispatchedWindowSeconds: seconds(dispatched),
 					ProcessedWindowSeconds: seconds(processed)}
-				if errors.Is(err, store.ErrCleanupBusy) && asJSON {
+				if errors.Is(err, admin.ErrCleanupBusy) && asJSON {
 					out.AnotherCleanupWasRunning = true
 					_ = writeJSON(e.out, out)
 				}

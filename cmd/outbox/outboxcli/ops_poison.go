@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // Commands for events that do not go out: stuck, retry, park, unpark.
@@ -49,17 +49,17 @@ func stuckCmd() *cobra.Command {
 		Short: "List events that have not gone out: old pending, held and (with --parked, --scheduled) parked and scheduled ones",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, "outbox-stuck", func(ctx context.Context, e *app, st *store.Store) error {
+			return withAdmin(cmd, "outbox-stuck", func(ctx context.Context, e *app, st *admin.Admin) error {
 				if !cmd.Flags().Changed("older-than") {
 					olderThan = e.cfg.Stuck.After
 				}
 				if olderThan <= 0 {
 					return usagef("--older-than: must be a positive duration such as 5m")
 				}
-				if limit < 1 || limit > store.MaxSelected {
-					return usagef("--limit: %d is not between 1 and %d", limit, store.MaxSelected)
+				if limit < 1 || limit > admin.MaxSelected {
+					return usagef("--limit: %d is not between 1 and %d", limit, admin.MaxSelected)
 				}
-				events, err := st.Stuck(ctx, store.StuckOptions{OlderThan: olderThan, Limit: limit,
+				events, err := st.Stuck(ctx, admin.StuckOptions{OlderThan: olderThan, Limit: limit,
 					IncludeParked: parked, IncludeScheduled: scheduled})
 				if err != nil {
 					return err
@@ -143,9 +143,9 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-// selectorFlags declares the flags of a store.Selector on cmd. The returned
+// selectorFlags declares the flags of a admin.Selector on cmd. The returned
 // function fills in the time range once the flags are parsed.
-func selectorFlags(cmd *cobra.Command, sel *store.Selector) (parseTimes func() error) {
+func selectorFlags(cmd *cobra.Command, sel *admin.Selector) (parseTimes func() error) {
 	var after, before string
 	f := cmd.Flags()
 	f.Int64SliceVar(&sel.Seqs, "seq", nil, "event positions, as outbox stuck lists them (repeat or separate with commas)")
@@ -178,9 +178,9 @@ type countJSON struct {
 }
 
 // poisonCmd builds retry, park and unpark, which differ in the store call.
-func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.Store, sel store.Selector, reason string) (int64, error)) *cobra.Command {
+func poisonCmd(use, short, verb string, run func(ctx context.Context, st *admin.Admin, sel admin.Selector, reason string) (int64, error)) *cobra.Command {
 	var (
-		sel        store.Selector
+		sel        admin.Selector
 		parseTimes func() error
 		reason     string
 		asJSON     bool
@@ -199,7 +199,7 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 			if use == "park" && strings.TrimSpace(reason) == "" {
 				return usagef("--reason is required: say why the events are set aside")
 			}
-			return withStore(cmd, "outbox-"+use, func(ctx context.Context, e *app, st *store.Store) error {
+			return withAdmin(cmd, "outbox-"+use, func(ctx context.Context, e *app, st *admin.Admin) error {
 				n, err := run(ctx, st, sel, reason)
 				if err != nil {
 					return err
@@ -211,7 +211,7 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 					return noMatch(n)
 				}
 				fmt.Fprintf(e.out, "%s %s (%s)\n", verb, events(n), sel)
-				if n == store.MaxSelected {
+				if n == admin.MaxSelected {
 					fmt.Fprintf(e.out, "that is the per-call maximum; run again for the rest\n")
 				}
 				return noMatch(n)
@@ -228,21 +228,21 @@ func poisonCmd(use, short, verb string, run func(ctx context.Context, st *store.
 
 func retryCmd() *cobra.Command {
 	return poisonCmd("retry", "Make failed events (held or backing off) available to the relay now", "released",
-		func(ctx context.Context, st *store.Store, sel store.Selector, _ string) (int64, error) {
+		func(ctx context.Context, st *admin.Admin, sel admin.Selector, _ string) (int64, error) {
 			return st.Retry(ctx, sel)
 		})
 }
 
 func parkCmd() *cobra.Command {
 	return poisonCmd("park", "Set pending events aside with a reason; later events of their aggregates go ahead", "parked",
-		func(ctx context.Context, st *store.Store, sel store.Selector, reason string) (int64, error) {
+		func(ctx context.Context, st *admin.Admin, sel admin.Selector, reason string) (int64, error) {
 			return st.Park(ctx, sel, reason)
 		})
 }
 
 func unparkCmd() *cobra.Command {
 	return poisonCmd("unpark", "Put parked events back in the pending set, with the same identity", "unparked",
-		func(ctx context.Context, st *store.Store, sel store.Selector, _ string) (int64, error) {
+		func(ctx context.Context, st *admin.Admin, sel admin.Selector, _ string) (int64, error) {
 			return st.Unpark(ctx, sel)
 		})
 }

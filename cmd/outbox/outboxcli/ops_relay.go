@@ -11,7 +11,8 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/brokers/tracing"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/admin"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 // Background work of `outbox relay`: retention on a schedule and the
@@ -73,12 +74,16 @@ func wrapTracing(ctx context.Context, e *app, pub core.Publisher) (core.Publishe
 	})
 }
 
-func startRetention(ctx context.Context, e *app, st *store.Store, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
+func startRetention(ctx context.Context, e *app, st *table.Source, _ core.Publisher, _ func() *core.Relay) (core.Observer, error) {
 	rt := e.cfg.Retention
 	if !rt.Enabled {
 		return nil, nil
 	}
-	opts := store.CleanupOptions{Dispatched: rt.Dispatched, Processed: rt.Processed, BatchSize: rt.BatchSize}
-	go st.RunRetention(ctx, opts, rt.Interval)
+	opts := admin.CleanupOptions{Dispatched: rt.Dispatched, Processed: rt.Processed, BatchSize: rt.BatchSize}
+	ad, err := admin.New(st.Pool(), st.Config(), e.log)
+	if err != nil {
+		return nil, err
+	}
+	go ad.RunRetention(ctx, opts, rt.Interval)
 	return nil, nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxhq/outbox/core/metrics"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func TestMain(m *testing.M) {
@@ -77,7 +78,7 @@ func TestReadyzFlipsWhenDatabaseUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	st, err := store.New(pool, store.Config{}, nil)
+	st, err := table.New(pool, store.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,9 +302,9 @@ func TestPartitionsOwnedGauge(t *testing.T) {
 		}
 		return ""
 	}
-	var stores []*store.Store
+	var stores []*table.Source
 	for range 2 {
-		st, err := store.New(pool, cfg, nil)
+		st, err := table.New(pool, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/table"
 )
 
 func relayCmd() *cobra.Command {
@@ -35,7 +35,7 @@ func relayCmd() *cobra.Command {
 // RelayHooks let other parts of the binary (metrics, health) attach to a
 // running relay. Each returns an observer to add (or nil) and may start
 // background work that ends with ctx.
-var relayHooks []func(ctx context.Context, e *app, st *store.Store, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
+var relayHooks []func(ctx context.Context, e *app, st *table.Source, pub core.Publisher, relay func() *core.Relay) (core.Observer, error)
 
 // publisherWraps decorate the broker's publisher (tracing) before the hooks
 // and the relay see it, in order. The broker's own Close still runs once.
@@ -50,7 +50,7 @@ func (e *app) runRelay(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	st, err := store.New(pool, e.cfg.StoreConfig(), e.log)
+	st, err := table.New(pool, e.cfg.StoreConfig(), e.log)
 	if err != nil {
 		return usageError(err)
 	}

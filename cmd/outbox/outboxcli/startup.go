@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxhq/outbox/core"
-	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 // A relay that starts while PostgreSQL or the broker is down (starting,
@@ -116,6 +116,6 @@ func (e *app) reachDatabase(pool *pgxpool.Pool) func(context.Context) error {
 		if err := pool.Ping(cctx); err != nil {
 			return fmt.Errorf("connect to database %s: %w", Redact(e.cfg.DatabaseURL), err)
 		}
-		return store.CheckSchema(cctx, pool, e.cfg.StoreConfig())
+		return migrate.CheckSchema(cctx, pool, e.cfg.StoreConfig())
 	}
 }

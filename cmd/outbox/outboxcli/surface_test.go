@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
+	"github.com/outboxhq/outbox/store/migrate"
 )
 
 var relayOnlyFlags = []string{"--broker", "--batch-size", "--lanes", "--unordered", "--mode", "--no-wakeups", "--http-listen"}
@@ -147,12 +148,12 @@ func TestMigratePrint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	migs, err := store.Migrations(store.Config{Schema: "dba_x", Table: "evts"})
+	migs, err := migrate.Migrations(store.Config{Schema: "dba_x", Table: "evts"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range migs {
-		rec, _ := store.MigrationRecordSQL(store.Config{Schema: "dba_x", Table: "evts"}, m)
+		rec, _ := migrate.MigrationRecordSQL(store.Config{Schema: "dba_x", Table: "evts"}, m)
 		if !strings.Contains(out, rec+";") {
 			t.Errorf("--print --all lacks %q", rec)
 		}
@@ -209,19 +210,19 @@ func TestMigratePrint(t *testing.T) {
 		}
 	}
 	// Part of the way: a schema at version 6, then what --print says.
-	if _, err := store.MigrateWith(ctx, admin, store.Config{Schema: schema}, store.MigrateOptions{To: 6}); err != nil {
+	if _, err := migrate.MigrateWith(ctx, admin, store.Config{Schema: schema}, migrate.Options{To: 6}); err != nil {
 		t.Fatal(err)
 	}
 	out, _, err = runCLI(ctx, "migrate", "--print", "--schema", schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	header := func(m store.Migration) string { return fmt.Sprintf("-- %04d_%s step 1 ", m.Version, m.Name) }
+	header := func(m migrate.Migration) string { return fmt.Sprintf("-- %04d_%s step 1 ", m.Version, m.Name) }
 	if !strings.Contains(out, header(migs[6])) || strings.Contains(out, header(migs[5])) {
 		t.Errorf("migrate --print at version 6:\n%s", out)
 	}
 	apply(out)
-	if err := store.CheckSchema(ctx, admin, store.Config{Schema: schema}); err != nil {
+	if err := migrate.CheckSchema(ctx, admin, store.Config{Schema: schema}); err != nil {
 		t.Fatal(err)
 	}
 	if out, _, err := runCLI(ctx, "migrate", "--schema", schema); err != nil || !strings.Contains(out, "up to date") {
@@ -240,7 +241,7 @@ func TestMigratePrint(t *testing.T) {
 		t.Fatal(err)
 	}
 	apply(out)
-	if err := store.CheckSchema(ctx, admin, store.Config{Schema: fresh}); err != nil {
+	if err := migrate.CheckSchema(ctx, admin, store.Config{Schema: fresh}); err != nil {
 		t.Fatal(err)
 	}
 	// A migration stopped midway: only its steps not done are printed.
