@@ -2,6 +2,7 @@ package core
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -146,14 +147,15 @@ type OptionCheck struct {
 	Bad         bool // the field is out of range
 }
 
-// CheckOptions returns an *OptionError for the first bad check, or nil;
-// options names whose options they are. Options.WithDefaults uses it, and
-// so can a source's own options.
+// CheckOptions returns an *OptionError for each bad check, joined with
+// errors.Join, or nil; options names whose options they are.
+// Options.WithDefaults uses it, and so can a source's own options.
 func CheckOptions(options string, checks ...OptionCheck) error {
+	var errs []error
 	for _, c := range checks {
 		if c.Bad {
-			return &OptionError{Options: options, Field: c.Field, Want: c.Want}
+			errs = append(errs, &OptionError{Options: options, Field: c.Field, Want: c.Want})
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

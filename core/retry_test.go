@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +61,20 @@ func TestOptionErrorNamesTheField(t *testing.T) {
 	}
 	if want := "relay options: BatchSize is invalid, want 0 (the default) to 10000"; err.Error() != want {
 		t.Fatalf("error %q, want %q", err, want)
+	}
+}
+
+// Every field out of range is named, so a config file's errors come at once.
+func TestOptionErrorsNameEveryField(t *testing.T) {
+	_, err := core.Options{BatchSize: -1, Lanes: -1, PollInterval: -1}.WithDefaults()
+	var fields []string
+	for _, err := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var oe *core.OptionError
+		if errors.As(err, &oe) {
+			fields = append(fields, oe.Field)
+		}
+	}
+	if got := strings.Join(fields, " "); got != "BatchSize Lanes PollInterval" {
+		t.Fatalf("fields named: %q, want BatchSize Lanes PollInterval (error: %v)", got, err)
 	}
 }

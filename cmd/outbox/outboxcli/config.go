@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -312,9 +311,8 @@ func relayDurations(r RelayConfig) []relayKey[time.Duration] {
 }
 
 // rejectedByCore returns the core.Options fields core refuses in the relay
-// section's options. Core names the first bad field; setting it to its
-// default and asking again names the next. An error that names no field
-// of the relay section is returned as it is.
+// section's options. An error that names no field of the relay section is
+// returned as it is.
 func (c *Config) rejectedByCore() (map[string]bool, error) {
 	known := map[string]bool{}
 	for _, k := range relayCounts(c.Relay) {
@@ -323,20 +321,22 @@ func (c *Config) rejectedByCore() (map[string]bool, error) {
 	for _, k := range relayDurations(c.Relay) {
 		known[k.field] = true
 	}
-	opts := c.RelayOptions(nil, nil)
-	rejected := map[string]bool{}
-	for {
-		_, err := opts.WithDefaults()
-		var oe *core.OptionError
-		if err == nil {
-			return rejected, nil
-		}
-		if !errors.As(err, &oe) || !known[oe.Field] || rejected[oe.Field] {
-			return rejected, err
-		}
-		rejected[oe.Field] = true
-		reflect.ValueOf(&opts).Elem().FieldByName(oe.Field).SetZero()
+	_, err := c.RelayOptions(nil, nil).WithDefaults()
+	errs := []error{err}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = joined.Unwrap()
 	}
+	rejected := map[string]bool{}
+	var other []error
+	for _, err := range errs {
+		var oe *core.OptionError
+		if errors.As(err, &oe) && known[oe.Field] {
+			rejected[oe.Field] = true
+		} else {
+			other = append(other, err)
+		}
+	}
+	return rejected, errors.Join(other...)
 }
 
 // validateLogMode checks relay.mode and the log relay's settings.
