@@ -24,34 +24,18 @@ import (
 func (s *Source) Listen(ctx context.Context, wake func()) error {
 	// The relay sleeps (Sleep) only while it listens.
 	defer s.closeSleeper(ctx)
-	keepSession(ctx, func(connected func()) error { return s.listenOnce(ctx, wake, connected) },
+	// A session ends with an error, unless ctx ended it.
+	_ = sessionBackoff.Retry(ctx, func(connected func()) error { return s.listenOnce(ctx, wake, connected) },
 		func(err error, wait time.Duration) {
 			s.log.Warn("wake-up listener lost its connection; reconnecting", "error", err, "retry_in", wait)
 		})
 	return nil
 }
 
-// keepSession runs once until ctx is done, and again after each loss,
-// backing off from 100ms to 10s; the backoff starts over once a session
-// connects. lost hears of each loss and the wait before the next try.
-func keepSession(ctx context.Context, once func(connected func()) error, lost func(err error, wait time.Duration)) {
-	backoff := core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
-	for attempt := 0; ; attempt++ {
-		err := once(func() { attempt = 0 })
-		if ctx.Err() != nil {
-			return
-		}
-		wait := backoff.Delay(attempt)
-		lost(err, wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
+// sessionBackoff paces the reconnects of the source's own sessions (the
+// listener's, the sharing one's): from 100ms to 10s, starting over once a
+// session connects.
+var sessionBackoff = core.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
 
 func (s *Source) listenOnce(ctx context.Context, wake, connected func()) error {
 	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())

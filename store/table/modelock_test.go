@@ -114,3 +114,41 @@ func TestTableRelayRefusesBesideALogRelay(t *testing.T) {
 		t.Fatal("the table-mode relay did not publish once the log relay was gone")
 	}
 }
+
+// Table-mode relays starting together all start: each one's check for a
+// log relay (store.OtherModeFree) reads the server's locks, and never
+// mistakes another relay's check for a log relay. A check that tried the
+// log-mode lock took it for a moment, and refused the relays that looked
+// meanwhile.
+func TestModeChecksDoNotCollide(t *testing.T) {
+	ctx := context.Background()
+	pool, cfg := pgtest.Schema(t)
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const checkers, checks = 4, 200
+	errs := make(chan error, checkers)
+	for range checkers {
+		go func() {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Release()
+			for range checks {
+				if err := store.OtherModeFree(ctx, conn.Conn().PgConn(), cfg, "log"); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range checkers {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent checks with no log relay: %v", err)
+		}
+	}
+}

@@ -150,7 +150,7 @@ func (s *Source) setOwned(parts []int, announce bool) {
 // locks keep that correct, and a relay never stops for want of sharing
 // (a server that refuses the session, one older than PostgreSQL 14).
 func (s *Source) shareLoop(ctx context.Context) {
-	keepSession(ctx, func(connected func()) error { return s.shareOnce(ctx, connected) },
+	_ = sessionBackoff.Retry(ctx, func(connected func()) error { return s.shareOnce(ctx, connected) },
 		func(err error, wait time.Duration) {
 			s.setOwned(nil, true)
 			s.log.Warn("partition sharing lost its session; claiming from every partition until it is back", "error", err, "retry_in", wait)

@@ -1,4 +1,4 @@
-package store_test
+package table_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/outboxhq/outbox/store/table"
 )
 
-// Migrate the schema, open the store and relay its events until
+// Migrate the schema, open the table source and relay its events until
 // interrupted.
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
