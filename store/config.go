@@ -253,3 +253,18 @@ func (c Config) Names() Names {
 // wakeKey is the text whose hash is the advisory lock a sleeping relay
 // holds and a writing producer tries shared (the notify trigger's WHEN).
 func wakeKey(schema, table string) string { return "outbox-wake:" + schema + "." + table }
+
+// HandOff returns the configuration of the outbox's handoff view
+// (migration 8): the table path of log mode claims through it only the
+// rows the log relay handed to the table.
+func (c Config) HandOff() (Config, error) {
+	c, err := c.WithDefaults()
+	if err != nil {
+		return c, err
+	}
+	c.Table += "_handoff"
+	if _, err := c.WithDefaults(); err != nil {
+		return c, fmt.Errorf("handoff view of %s: %w", c.Table, err)
+	}
+	return c, nil
+}

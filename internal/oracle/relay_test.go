@@ -77,11 +77,7 @@ func (d *driver) start() {
 		ReceiveTimeout: 2 * time.Second, WALSenderTimeout: 2 * time.Second,
 		ApplicationName: r.name,
 	}
-	hc, err := logrelay.HandOffConfig(d.cfg)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	handoff, err := table.NewHandOff(r.pool, hc, nil)
+	handoff, err := table.NewHandOff(r.pool, d.cfg, nil)
 	if err != nil {
 		d.t.Fatal(err)
 	}

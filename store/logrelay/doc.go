@@ -35,8 +35,7 @@
 //     [Relay] reading the slot and, beside it, the table relay that
 //     publishes what the log relay hands to the table. A service that
 //     embeds log mode runs a Pair; [NewPair] takes the table source over
-//     the handoff view, built with the configuration [HandOffConfig]
-//     returns.
+//     the handoff view, which table.NewHandOff builds.
 //   - [Relay] is the log relay alone: [New], then [Relay.Run] in each
 //     replica. [Relay.Ready] serves a readiness probe.
 //   - [Options] names the outbox (store.Config), the [Slot] and its
@@ -57,11 +56,7 @@
 // # Example
 //
 //	opts := logrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}}
-//	hc, err := logrelay.HandOffConfig(opts.Store)
-//	if err != nil {
-//		return err
-//	}
-//	handoff, err := table.New(pool, hc, logger) // the table source over the handoff view
+//	handoff, err := table.NewHandOff(pool, opts.Store, logger) // the table source over the handoff view
 //	if err != nil {
 //		return err
 //	}

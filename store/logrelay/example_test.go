@@ -24,11 +24,7 @@ func ExampleNewPair() {
 	}
 	opts := logrelay.Options{Store: store.Config{Schema: "public", Table: "events_outbox"}, Options: core.Options{Logger: slog.Default()}}
 	// The table relay's source: the table source over the handoff view.
-	hc, err := logrelay.HandOffConfig(opts.Store)
-	if err != nil {
-		panic(err)
-	}
-	handoff, err := table.NewHandOff(pool, hc, slog.Default())
+	handoff, err := table.NewHandOff(pool, opts.Store, slog.Default())
 	if err != nil {
 		panic(err)
 	}

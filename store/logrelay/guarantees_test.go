@@ -308,11 +308,7 @@ func TestPoisonEventMovesToTheTable(t *testing.T) {
 				}
 				return nil
 			}}
-			hc, err := logrelay.HandOffConfig(e.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			hst, err := table.NewHandOff(e.pool, hc, nil)
+			hst, err := table.NewHandOff(e.pool, e.cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -518,8 +514,7 @@ func TestSlotLifecycle(t *testing.T) {
 		t.Fatalf("status = %+v", st)
 	}
 	pub := &recorder{}
-	hc, _ := logrelay.HandOffConfig(e.cfg)
-	hst, err := table.NewHandOff(e.pool, hc, nil)
+	hst, err := table.NewHandOff(e.pool, e.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -673,11 +668,7 @@ func TestReplayRetryAndUnparkInLogMode(t *testing.T) {
 	}
 	e.createSlot()
 	pub := &recorder{}
-	hc, err := logrelay.HandOffConfig(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hst, err := table.NewHandOff(e.pool, hc, nil)
+	hst, err := table.NewHandOff(e.pool, e.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

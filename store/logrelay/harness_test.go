@@ -169,11 +169,7 @@ func (e *env) startPair(pub core.Publisher, o logrelay.Options) *running {
 // the caller of NewPair builds it.
 func handOff(t *testing.T, pool *pgxpool.Pool, o logrelay.Options, log *slog.Logger) core.Source {
 	t.Helper()
-	hc, err := logrelay.HandOffConfig(o.Store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := table.NewHandOff(pool, hc, log)
+	src, err := table.NewHandOff(pool, o.Store, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -127,22 +127,6 @@ func (o Options) WithDefaults() (Options, error) {
 	return o, nil
 }
 
-// HandOffConfig is the store configuration of the table path of log
-// mode: a table.Source (and a core.Relay over it) built with it claims
-// only the rows the log relay handed off, through the handoff view of
-// migration 8, and never the rows the log relay publishes itself.
-func HandOffConfig(cfg store.Config) (store.Config, error) {
-	cfg, err := cfg.WithDefaults()
-	if err != nil {
-		return cfg, err
-	}
-	cfg.Table += "_handoff"
-	if _, err := cfg.WithDefaults(); err != nil {
-		return cfg, fmt.Errorf("handoff view of %s: %w", cfg.Table, err)
-	}
-	return cfg, nil
-}
-
 // MessagePrefix is the logical decoding message prefix of the outbox cfg
 // names (event.MessagePrefix), so several outboxes share a database and
 // each relay reads only its own.

@@ -13,7 +13,7 @@ import (
 
 // Pair is log mode whole, as `outbox relay --mode log` runs it: the log
 // relay reading the slot and, beside it, a table relay over the handoff
-// view (see HandOffConfig) that publishes what the log relay hands to the
+// view (store.Config.HandOff) that publishes what the log relay hands to the
 // table: a failing event and its aggregate's later ones, rows committed
 // before the slot existed, an operator's replay, retry or unpark. A
 // service that embeds log mode runs a Pair: a log relay alone leaves
@@ -28,8 +28,8 @@ type Pair struct {
 
 // NewPair returns the two relays over pool, publishing to pub. opts
 // configure the log relay and name the outbox (opts.Store); handoff is
-// the table source over the outbox's handoff view, built with the
-// configuration HandOffConfig returns, and table configures the table
+// the table source over the outbox's handoff view (table.NewHandOff
+// builds it), and table configures the table
 // relay over it. The table relay is woken by the log relay's hand-offs
 // rather than by the table's NOTIFY, which fires for every insert the log
 // relay publishes itself.

@@ -20,7 +20,6 @@ import (
 	"github.com/outboxhq/outbox/dedupe"
 	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
-	"github.com/outboxhq/outbox/store/logrelay"
 	"github.com/outboxhq/outbox/store/migrate"
 	"github.com/outboxhq/outbox/store/table"
 )
@@ -301,11 +300,7 @@ func TestLeastPrivilegeLogMode(t *testing.T) {
 	if _, err := f.relay.Exec(ctx, "INSERT INTO "+f.table()+" (event_id, aggregate_id, type, payload, handoff_at) VALUES ($1, 'k', 't', '{}', now())", uuid.NewString()); err != nil {
 		t.Errorf("relay hands an event to the table: %v", err)
 	}
-	hc, err := logrelay.HandOffConfig(f.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hst, err := table.NewHandOff(f.relay, hc, nil)
+	hst, err := table.NewHandOff(f.relay, f.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,13 +118,17 @@ WHERE o.seq = f.seq`,
 	return s, nil
 }
 
-// NewHandOff returns the table source of log mode's table path: over the
-// outbox's handoff view (cfg as the log relay's HandOffConfig returns
-// it), it claims only the rows the log relay handed off. It is part of
-// log mode, so it takes no table-mode lock (see Hold): the log relay
-// holds the log-mode lock.
+// NewHandOff returns the table source of log mode's table path for the
+// outbox cfg names: over its handoff view (store.Config.HandOff), it
+// claims only the rows the log relay handed off. It is part of log mode,
+// so it takes no table-mode lock (see Hold): the log relay holds the
+// log-mode lock.
 func NewHandOff(pool *pgxpool.Pool, cfg store.Config, log *slog.Logger) (*Source, error) {
-	s, err := New(pool, cfg, log)
+	hc, err := cfg.HandOff()
+	if err != nil {
+		return nil, err
+	}
+	s, err := New(pool, hc, log)
 	if err != nil {
 		return nil, err
 	}

@@ -35,12 +35,8 @@ func (e *app) runLogRelay(ctx context.Context, st *table.Source, pub core.Publis
 	if lo.Slot, err = lo.Slot.Resolve(ctx, pool, st.Config()); err != nil {
 		return err
 	}
-	hc, err := logrelay.HandOffConfig(lo.Store)
-	if err != nil {
-		return usageError(err)
-	}
 	tableOpts := e.cfg.RelayOptions(e.log.With("path", "table"), obs)
-	handoff, err := table.NewHandOff(pool, hc, tableOpts.Logger)
+	handoff, err := table.NewHandOff(pool, lo.Store, tableOpts.Logger)
 	if err != nil {
 		return usageError(err)
 	}
