@@ -18,9 +18,9 @@ import (
 	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
-// baseBackup copies primary into data, an empty data directory, over the replication
-// protocol (BASE_BACKUP, with the WAL it needs), as pg_basebackup does in
-// tar format: from PostgreSQL 15 on, one copy stream whose messages start
+// baseBackup copies primary into data, an empty data directory, over the
+// replication protocol (BASE_BACKUP, with the WAL it needs), as
+// pg_basebackup does in tar format: from PostgreSQL 15 on, one copy stream whose messages start
 // with 'n' (a new archive: its name and tablespace), 'd' (its bytes), 'p'
 // (progress) or 'm' (the manifest).
 func baseBackup(ctx context.Context, t *testing.T, primary *pgtest.Server, data string) {
