@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/outboxhq/outbox"
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
 	"github.com/outboxhq/outbox/store/migrate"
@@ -78,13 +81,11 @@ func TestFailoverToStandby(t *testing.T) {
 		t.Skipf("%s is not set: `make test-pg` runs this on PostgreSQL 17 and 18", envFailoverPGBin)
 	}
 	ctx := context.Background()
-	base := clusterBase(t)
-	common := []string{"wal_level=logical", "max_wal_senders=20", "max_replication_slots=20", "fsync=off",
-		"wal_sender_timeout=5s", "wal_receiver_status_interval=1s"}
-	primary := newServer(t, bin, base, "primary", common...)
-	primary.initdb()
-	primary.start()
-	admin := connect(t, primary.url("postgres"))
+	// With pgtest's wal_level=logical and fsync=off.
+	common := map[string]string{"max_wal_senders": "20", "max_replication_slots": "20",
+		"wal_sender_timeout": "'5s'", "wal_receiver_status_interval": "'1s'"}
+	primary := pgtest.Start(t, pgtest.Options{Bin: bin, Settings: common})
+	admin := connect(t, primary.URL)
 	for _, q := range []string{
 		"CREATE DATABASE outbox_test",
 		"SELECT pg_create_physical_replication_slot('standby1', true)",
@@ -94,16 +95,19 @@ func TestFailoverToStandby(t *testing.T) {
 		}
 	}
 
-	standby := newServer(t, bin, base, "standby", common...)
-	standby.baseBackup(ctx, primary)
-	standby.writeFile("standby.signal", "", false)
-	standby.writeFile("postgresql.auto.conf", fmt.Sprintf(`
-primary_conninfo = 'host=127.0.0.1 port=%d user=postgres dbname=outbox_test application_name=standby1'
-primary_slot_name = 'standby1'
-hot_standby_feedback = on
-sync_replication_slots = on
-`, primary.port), true)
-	standby.start()
+	standbySettings := map[string]string{
+		"primary_conninfo":       fmt.Sprintf("'host=127.0.0.1 port=%d user=postgres dbname=outbox_test application_name=standby1'", primary.Port),
+		"primary_slot_name":      "'standby1'",
+		"hot_standby_feedback":   "on",
+		"sync_replication_slots": "on",
+	}
+	maps.Copy(standbySettings, common)
+	standby := pgtest.Start(t, pgtest.Options{Bin: bin, Settings: standbySettings, Fill: func(data string) {
+		baseBackup(ctx, t, primary, data)
+		if err := os.WriteFile(filepath.Join(data, "standby.signal"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}})
 	waitFor(t, 60*time.Second, "the standby streaming", func() bool {
 		var n int
 		_ = admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'").Scan(&n)
@@ -121,7 +125,7 @@ sync_replication_slots = on
 	admin.Close()
 
 	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/outbox_test?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
-		primary.port, standby.port)
+		primary.Port, standby.Port)
 	pool := connect(t, both)
 	if _, err := pool.Exec(ctx, "CREATE TABLE ledger (event_id uuid PRIMARY KEY, outbox text NOT NULL)"); err != nil {
 		t.Fatal(err)
@@ -180,7 +184,7 @@ sync_replication_slots = on
 	relays.Go(func() { _ = tableRelay.Run(rctx) })
 
 	// The standby has the slot once it synchronized it.
-	standbyAdmin := connect(t, standby.url("outbox_test"))
+	standbyAdmin := connect(t, standby.Database("outbox_test"))
 	waitFor(t, 90*time.Second, "the slot synchronized to the standby", func() bool {
 		var ok bool
 		_ = standbyAdmin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND synced AND NOT temporary)", slot.Name).Scan(&ok)
@@ -198,11 +202,11 @@ sync_replication_slots = on
 		writers.Go(func() { p.run(wctx, pool, tableCfg, "table", fmt.Sprintf("table-%d", i), false) })
 	}
 	waitFor(t, 60*time.Second, "events acknowledged before the failover", func() bool { return p.ackedCount() >= 400 })
-	if err := primary.ctl("stop", "-m", "immediate", "-w"); err != nil {
+	if err := primary.Stop("immediate", 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	beforeKill := p.ackedCount()
-	if err := standby.ctl("promote", "-w", "-t", "60"); err != nil {
+	if err := standby.Promote(60 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	promoted := time.Now()

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxhq/outbox/internal/pgtest"
 	"github.com/outboxhq/outbox/store"
 	"github.com/outboxhq/outbox/store/logrelay"
 )
@@ -30,19 +31,16 @@ func TestInvalidatedSlotIsReported(t *testing.T) {
 		t.Skip("OUTBOX_TEST_PG_BIN is not set: scripts/services.sh names the test server's binaries")
 	}
 	ctx := context.Background()
-	base := clusterBase(t)
-	srv := newServer(t, bin, base, "invalidate", "wal_level=logical", "fsync=off")
-	srv.initdb()
-	srv.start()
-	admin := connect(t, srv.url("postgres"))
-	// Set here, not on the command line, which would outrank ALTER SYSTEM.
+	srv := pgtest.Start(t, pgtest.Options{Bin: bin})
+	admin := connect(t, srv.URL)
+	// Set here, not in postgresql.conf, so that ALTER SYSTEM RESET takes it away.
 	for _, q := range []string{"CREATE DATABASE outbox_test", "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	admin.Close()
-	pool := connect(t, srv.url("outbox_test"))
+	pool := connect(t, srv.Database("outbox_test"))
 	var version int
 	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
 		t.Fatal(err)
