@@ -18,6 +18,9 @@ type Event struct {
 	Headers     map[string]string // the event's own headers (trace context among them)
 	CreatedAt   time.Time
 	Attempts    int // failed publish attempts so far
+	// Unit is the event's unit of ownership in a source that has them
+	// (Settler): from 0 to the source's count less one; 0 otherwise.
+	Unit int
 }
 
 // Rejection is a claimed row that cannot be relayed. Event holds what could
@@ -44,6 +47,16 @@ type Failure struct {
 type Publisher interface {
 	Publish(ctx context.Context, e *Event) error
 	Close() error
+}
+
+// Binder is an optional Publisher capability: Bind returns the publisher
+// a relay uses for src's events, for a publisher that keeps state with
+// each source (the exactly-once Kafka publisher keeps a transactional
+// producer per unit of src, and asks src which events it sent are
+// settled, see Settler). New calls it once per relay; it may refuse a
+// source that lacks what it needs, and the relay is not made.
+type Binder interface {
+	Bind(src Source) (Publisher, error)
 }
 
 // PermanentError marks a publish failure that retrying cannot fix: a message

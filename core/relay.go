@@ -70,6 +70,11 @@ func New(src Source, pub Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new relay: %w", err)
 	}
+	if b, ok := pub.(Binder); ok {
+		if pub, err = b.Bind(src); err != nil {
+			return nil, fmt.Errorf("new relay: bind publisher: %w", err)
+		}
+	}
 	r := &Relay{
 		src: src, pub: pub, opts: o, log: o.Logger, obs: o.Observer,
 		wake: make(chan struct{}, 1),

@@ -162,3 +162,28 @@ type Backlog struct {
 type Holder interface {
 	Hold(ctx context.Context, held func()) error
 }
+
+// Settler is an optional Source capability, required by a publisher that
+// records its progress with the broker, in the transaction that carries
+// the events (exactly-once into Kafka): after a crash, that record names
+// events the broker has that the source may not yet show as published.
+type Settler interface {
+	// Units names the source's units of ownership: Event.Unit runs from 0
+	// to n-1, and the relays sharing the source publish each unit from
+	// one relay at a time (the table source: its partitions; the log
+	// relay: its slot). name is the same for every relay of the source,
+	// and differs between sources.
+	Units() (name string, n int)
+	// Unsettled returns those of sent that the source may still offer
+	// again: not yet recorded as published. When unsure it keeps an
+	// event: keeping one costs a little memory, leaving one out a
+	// duplicate.
+	Unsettled(ctx context.Context, sent []Sent) ([]Sent, error)
+}
+
+// Sent names an event a publisher sent: its unit, seq and id.
+type Sent struct {
+	Unit int
+	Seq  int64
+	ID   string
+}
