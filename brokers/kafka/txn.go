@@ -434,13 +434,13 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 	defer u.mu.Unlock()
 	q := u.queue
 	u.queue = nil
+	if u.cl != nil {
+		q = u.skip(q, in)
+	} // else not taken: the skip set is not known yet
 	if len(q) == 0 && in == nil {
 		u.running = false
 	}
-	if u.cl == nil {
-		return q // not taken: the skip set is not known yet
-	}
-	return u.skip(q, in)
+	return q
 }
 
 // skip answers the events committed already and drops those the
