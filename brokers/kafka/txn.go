@@ -989,3 +989,28 @@ func checkName(name string) error {
 	}
 	return nil
 }
+
+// CheckRelay implements brokers.RelayChecker: exactly_once needs ordered
+// relays sharing the table, since each unit must be published by one
+// relay at a time (others would fence each other), and a transaction
+// timeout the broker does not reach while a publish still waits.
+func (s Config) CheckRelay(r brokers.RelaySettings) error {
+	if !s.ExactlyOnce {
+		return nil
+	}
+	s = s.withDefaults()
+	var errs []error
+	if r.Unordered {
+		errs = append(errs, errors.New("brokers.kafka.exactly_once needs ordered mode: set relay.unordered to false "+
+			"(unordered relays publish the same units and fence each other's transactions)"))
+	}
+	if !r.Sharing {
+		errs = append(errs, errors.New("brokers.kafka.exactly_once needs relay.sharing: without it every relay publishes "+
+			"every unit, and their producers fence each other"))
+	}
+	if s.TransactionTimeout <= r.PublishTimeout+10*time.Second {
+		errs = append(errs, fmt.Errorf("brokers.kafka.transaction_timeout %s must exceed relay.publish_timeout %s plus 10s",
+			s.TransactionTimeout, r.PublishTimeout))
+	}
+	return errors.Join(errs...)
+}
