@@ -143,7 +143,7 @@ func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProduceRequestTimeout(s.Timeout),
 		kgo.RecordDeliveryTimeout(2 * s.Timeout), kgo.ProducerBatchCompression(codec),
 		kgo.ProducerBatchMaxBytes(int32(max(s.MaxMessageBytes, 1<<20))), kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgoLogger{log}),
+		kgo.WithLogger(kgoLogger{log}), kgo.ProducerLinger(0), // a transaction waits for its records
 	}
 	if s.TLS {
 		tc, err := brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
