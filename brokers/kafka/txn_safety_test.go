@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -354,4 +355,44 @@ func headers(r *kgo.Record) map[string]string {
 		h[kv.Key] = string(kv.Value)
 	}
 	return h
+}
+
+// A publish whose ctx ends while its transaction commits returns the ctx
+// error; the transaction still commits, and the engine's retry returns
+// nil without a second copy, as does a retry queued while it runs.
+func TestTxTimedOutPublishIsNotSentTwice(t *testing.T) {
+	kf := txCluster(t)
+	src := brokertest.NewSettler("public.outbox", 1)
+	p := newTx(t, kf)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	kafka.SetBeforeEnd(p, func(int) {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	})
+	pub := bind(t, p, src)
+	e := ev(1, "agg", 0)
+	ctx, cancel := context.WithCancel(t.Context())
+	first := make(chan error, 1)
+	go func() { first <- pub.Publish(ctx, e) }()
+	<-held
+	cancel()
+	if err := <-first; err == nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("publish whose ctx ended mid-commit: %v, want the ctx error", err)
+	}
+	retry := make(chan error, 1)
+	go func() { retry <- pub.Publish(t.Context(), e) }() // queued while the transaction commits
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	if err := <-retry; err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if err := pub.Publish(t.Context(), e); err != nil {
+		t.Fatalf("second retry: %v", err)
+	}
+	if got := ids(drain(t, kf.ListenAddrs(), "order", kgo.ReadUncommitted())); !slices.Equal(got, []string{e.ID}) {
+		t.Fatalf("topic holds %v, want %s once", got, e.ID)
+	}
 }
