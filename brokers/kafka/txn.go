@@ -357,19 +357,27 @@ func (b *boundPub) Publish(ctx context.Context, e *core.Event) error {
 	if e.Unit < 0 || e.Unit >= len(b.units) {
 		return core.Permanent(fmt.Errorf("event %d: unit %d is not between 0 and %d", e.Seq, e.Unit, len(b.units)-1))
 	}
-	rec, size, err := b.p.record(topic, e)
-	if err != nil {
-		return err
-	}
-	pd := &pending{rec: rec, size: size, sent: core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID}, done: make(chan error, 1)}
-	if err := b.units[e.Unit].enqueue(pd); err != nil {
-		return err
-	}
-	select {
-	case err := <-pd.done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("publish to %s: %w", topic, ctx.Err())
+	// A transaction that failed for a reason of its own (a broker's
+	// transient error) is tried once more at once, with a new producer:
+	// the engine's retry would wait its backoff.
+	for attempt := 0; ; attempt++ {
+		rec, size, err := b.p.record(topic, e)
+		if err != nil {
+			return err
+		}
+		pd := &pending{rec: rec, size: size, sent: core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID}, done: make(chan error, 1)}
+		if err := b.units[e.Unit].enqueue(pd); err != nil {
+			return err
+		}
+		select {
+		case err = <-pd.done:
+		case <-ctx.Done():
+			return fmt.Errorf("publish to %s: %w", topic, ctx.Err())
+		}
+		if err == nil || attempt > 0 || ctx.Err() != nil || core.IsPermanent(err) || core.IsUndeliverable(err) {
+			return err
+		}
+		b.p.log.Debug("kafka exactly_once: transaction failed; trying once more", "event_seq", e.Seq, "error", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,28 +22,60 @@ import (
 	"github.com/outboxhq/outbox/core"
 )
 
-// drain reads every record of topic visible at level, until none arrived
-// for quiet.
-func drain(t *testing.T, addrs []string, topic string, level kgo.IsolationLevel, opts ...kgo.Opt) []*kgo.Record {
+// drain reads every record of topic visible at level: up to the last
+// stable offset (read_committed) or the high watermark. Transaction
+// markers come through too, so the read knows when it reached the end.
+func drain(t *testing.T, addrs []string, topic string, level kgo.IsolationLevel) []*kgo.Record {
 	t.Helper()
-	opts = append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(level), kgo.FetchMaxWait(100 * time.Millisecond)}, opts...)
-	cl, err := kgo.NewClient(opts...)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(mustClientAt(t, addrs))
+	list := adm.ListEndOffsets
+	if level == kgo.ReadCommitted() {
+		list = adm.ListCommittedOffsets
+	}
+	offs, err := list(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := map[int32]int64{}
+	offs.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			end[o.Partition] = o.Offset
+		}
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(level), kgo.KeepControlRecords())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	var got []*kgo.Record
-	for {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	for len(end) > 0 {
 		f := cl.PollFetches(ctx)
-		cancel()
-		n := 0
-		f.EachRecord(func(r *kgo.Record) { got = append(got, r); n++ })
-		if n == 0 && t.Context().Err() == nil && ctx.Err() != nil {
-			return got
+		if ctx.Err() != nil {
+			t.Fatalf("topic %s: reading to offsets %v timed out", topic, end)
 		}
+		f.EachRecord(func(r *kgo.Record) {
+			if e, ok := end[r.Partition]; ok && r.Offset >= e-1 {
+				delete(end, r.Partition)
+			}
+			if !r.Attrs.IsControl() {
+				got = append(got, r)
+			}
+		})
 	}
+	return got
+}
+
+func mustClientAt(t *testing.T, addrs []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }
 
 // ids lists the outbox event ids of records, sorted.
