@@ -429,3 +429,47 @@ func TestTxTimedOutPublishIsNotSentTwice(t *testing.T) {
 		t.Fatalf("topic holds %v, want %s once", got, e.ID)
 	}
 }
+
+// A source bound again (each log relay session binds its stream) gets the
+// same publisher, which still knows what it committed; a relay that took
+// over says a committed event is in Kafka already (core.Committer), and
+// an operator's replay of it is sent again, as a new delivery.
+func TestTxBindAgainSentAndReplay(t *testing.T) {
+	kf := txCluster(t)
+	src := brokertest.NewSettler("public.outbox", 2)
+	a := newTx(t, kf)
+	pa := bind(t, a, src)
+	e := ev(1, "agg-1", src.Unit("agg-1"))
+	if err := pa.Publish(t.Context(), e); err != nil {
+		t.Fatal(err)
+	}
+	if again := bind(t, a, brokertest.NewSettler("public.outbox", 2)); again != pa {
+		t.Fatal("binding a source of the same name again made a second publisher")
+	}
+	_ = a.Close() // dies before the source recorded e
+
+	b := newTx(t, kf)
+	pb := bind(t, b, src).(core.Committer)
+	if sent, err := pb.Sent(t.Context(), e); err != nil || !sent {
+		t.Fatalf("Sent(committed event) = %v, %v; want true", sent, err)
+	}
+	other := ev(2, "agg-1", e.Unit)
+	if sent, err := pb.Sent(t.Context(), other); err != nil || sent {
+		t.Fatalf("Sent(event never published) = %v, %v; want false", sent, err)
+	}
+	replay := *e
+	replay.Replays = 1
+	if sent, err := pb.Sent(t.Context(), &replay); err != nil || sent {
+		t.Fatalf("Sent(replayed event) = %v, %v; want false: a replay is a new delivery", sent, err)
+	}
+	if err := pb.(core.Publisher).Publish(t.Context(), e); err != nil {
+		t.Fatal(err)
+	}
+	if err := pb.(core.Publisher).Publish(t.Context(), &replay); err != nil {
+		t.Fatal(err)
+	}
+	got := drain(t, kf.ListenAddrs(), "order", kgo.ReadCommitted())
+	if n := len(got); n != 2 {
+		t.Fatalf("%d records of the event read committed, want 2: the first send and the replay", n)
+	}
+}

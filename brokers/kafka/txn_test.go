@@ -84,7 +84,7 @@ func consume(t *testing.T, addrs []string, topic string, n int, level kgo.Isolat
 func TestTxBindRefuses(t *testing.T) {
 	kf := txCluster(t)
 	p := newTx(t, kf)
-	if _, err := p.Bind(memsource.New()); err == nil || !strings.Contains(err.Error(), "core.Settler") {
+	if _, err := p.Bind(struct{ core.Source }{memsource.New()}); err == nil || !strings.Contains(err.Error(), "core.Settler") {
 		t.Errorf("Bind of a source without units: %v, want an error naming core.Settler", err)
 	}
 	if err := p.Publish(t.Context(), ev(1, "a", 0)); err == nil {
