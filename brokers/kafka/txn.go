@@ -365,7 +365,7 @@ func (b *boundPub) Publish(ctx context.Context, e *core.Event) error {
 		if err != nil {
 			return err
 		}
-		pd := &pending{rec: rec, size: size, sent: core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID}, done: make(chan error, 1)}
+		pd := &pending{rec: rec, size: size, sent: core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID, Replays: e.Replays}, done: make(chan error, 1)}
 		if err := b.units[e.Unit].enqueue(pd); err != nil {
 			return err
 		}
@@ -443,7 +443,7 @@ func (u *unit) run() {
 // grab takes the queued events; with none queued and in nil (between
 // transactions), the runner ends. Events in the unit's committed set
 // return nil at once; those already in the transaction (in) wait for it.
-func (u *unit) grab(in map[string]*pending) []*pending {
+func (u *unit) grab(in map[core.Sent]*pending) []*pending {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	q := u.queue
@@ -458,22 +458,24 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 }
 
 // skip answers the events committed already and drops those the
-// transaction holds, whose waiters it adds to the first's. u.mu is held.
-func (u *unit) skip(q []*pending, in map[string]*pending) []*pending {
+// transaction holds, whose waiters it adds to the first's. An event
+// counts as committed only with the same seq and replays: an operator's
+// replay is a new delivery. u.mu is held.
+func (u *unit) skip(q []*pending, in map[core.Sent]*pending) []*pending {
 	out := q[:0]
 	for _, pd := range q {
-		if _, ok := u.kafka[pd.sent.ID]; ok {
+		if s, ok := u.kafka[pd.sent.ID]; ok && s == pd.sent {
 			pd.deliver(nil)
 			continue
 		}
-		if first, ok := in[pd.sent.ID]; ok {
+		if first, ok := in[pd.sent]; ok {
 			// An engine retry of an event this transaction holds (its
 			// first publish timed out): it waits for the same outcome.
 			first.others = append(first.others, pd)
 			continue
 		}
 		if in != nil {
-			in[pd.sent.ID] = pd
+			in[pd.sent] = pd
 		}
 		out = append(out, pd)
 	}
@@ -499,7 +501,7 @@ func (u *unit) txn(batch []*pending) {
 		finish(batch, fmt.Errorf("take unit %d of %s: %w", u.n, u.b.name, classifyTx(err)))
 		return
 	}
-	in := map[string]*pending{}
+	in := map[core.Sent]*pending{}
 	u.mu.Lock()
 	batch = u.skip(batch, in)
 	u.mu.Unlock()
@@ -606,14 +608,20 @@ collect:
 // ones: every event of the unit committed in Kafka and maybe unsettled.
 func (u *unit) progressRecord(batch []*pending) (*kgo.Record, error) {
 	var pr progressValue
+	ids := make(map[string]bool, len(batch))
+	for _, pd := range batch {
+		ids[pd.sent.ID] = true
+	}
 	u.mu.Lock()
 	pr.Events = make([]progressEvent, 0, len(batch)+len(u.kafka))
 	for _, s := range u.kafka {
-		pr.Events = append(pr.Events, progressEvent{Seq: s.Seq, ID: s.ID})
+		if !ids[s.ID] { // a replay in the batch replaces it
+			pr.Events = append(pr.Events, progressEvent{Seq: s.Seq, ID: s.ID, Replays: s.Replays})
+		}
 	}
 	u.mu.Unlock()
 	for _, pd := range batch {
-		pr.Events = append(pr.Events, progressEvent{Seq: pd.sent.Seq, ID: pd.sent.ID})
+		pr.Events = append(pr.Events, progressEvent{Seq: pd.sent.Seq, ID: pd.sent.ID, Replays: pd.sent.Replays})
 	}
 	v, err := json.Marshal(pr)
 	if err != nil {
@@ -628,8 +636,9 @@ type progressValue struct {
 }
 
 type progressEvent struct {
-	Seq int64  `json:"seq"`
-	ID  string `json:"id"`
+	Seq     int64  `json:"seq"`
+	ID      string `json:"id"`
+	Replays int    `json:"replays,omitempty"`
 }
 
 // recordErrors returns the error that fails the transaction, or nil, and
@@ -712,12 +721,12 @@ func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
 		return nil, err
 	}
 	u.mu.Lock()
-	seen := map[string]bool{}
+	seen := map[core.Sent]bool{}
 	for _, s := range events {
-		seen[s.ID] = true
+		seen[s] = true
 	}
 	for _, s := range u.kafka {
-		if !seen[s.ID] {
+		if !seen[s] {
 			events = append(events, s)
 		}
 	}
@@ -807,7 +816,7 @@ func (b *boundPub) readProgress(ctx context.Context, n int) ([]core.Sent, error)
 			}
 			out := make([]core.Sent, len(pv.Events))
 			for i, e := range pv.Events {
-				out[i] = core.Sent{Unit: n, Seq: e.Seq, ID: e.ID}
+				out[i] = core.Sent{Unit: n, Seq: e.Seq, ID: e.ID, Replays: e.Replays}
 			}
 			return out, nil
 		}
@@ -900,17 +909,19 @@ func (b *boundPub) prune() {
 		b.p.log.Debug("kafka exactly_once: ask the source which events are settled", "error", err)
 		return
 	}
-	keep := make(map[string]bool, len(left))
+	keep := make(map[core.Sent]bool, len(left))
 	for _, s := range left {
-		keep[s.ID] = true
+		keep[s] = true
 	}
 	for _, s := range all {
-		if keep[s.ID] {
+		if keep[s] {
 			continue
 		}
 		u := b.units[s.Unit]
 		u.mu.Lock()
-		delete(u.kafka, s.ID)
+		if u.kafka[s.ID] == s { // not replaced by a replay since
+			delete(u.kafka, s.ID)
+		}
 		u.mu.Unlock()
 	}
 }

@@ -298,6 +298,20 @@ func TestTxTakeOverSkipsCommitted(t *testing.T) {
 			t.Fatalf("topic holds %v, want %v once each", got, want)
 		}
 	}
+	// An operator's replay (same seq and id, one more replay) is a new
+	// delivery, once.
+	replay := *events[1]
+	replay.Replays = 1
+	for range 2 {
+		if err := pb.Publish(t.Context(), &replay); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want = append(want, replay.ID)
+	slices.Sort(want)
+	if got := ids(drain(t, addrs, "order", kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Fatalf("after a replay the topic holds %v, want %v", got, want)
+	}
 	// Once the source settles them, they are forgotten: a replay is then
 	// a new delivery.
 	src.Settle(events[0].ID)
