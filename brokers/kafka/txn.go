@@ -40,6 +40,9 @@ const (
 	// pruneEvery is how often a source is asked which carried events it
 	// has settled.
 	pruneEvery = 300 * time.Millisecond
+	// progressMaxBytes bounds a progress record (about 60 bytes per
+	// carried event): the progress topic is created allowing it.
+	progressMaxBytes = 16 << 20
 	// abortTimeout bounds aborting a dropped producer's transaction.
 	abortTimeout = 2 * time.Second
 	// closeTimeout bounds Close's wait for transactions in progress.
@@ -236,8 +239,8 @@ func (p *TxPublisher) ensureTopic(ctx context.Context, topic string, n int) erro
 		return fmt.Errorf("list brokers: %w", err)
 	}
 	rf := int16(min(3, max(1, len(bs))))
-	compact := "compact"
-	_, err = p.admin.CreateTopic(ctx, int32(n), rf, map[string]*string{"cleanup.policy": &compact}, topic)
+	compact, maxBytes := "compact", strconv.Itoa(progressMaxBytes)
+	_, err = p.admin.CreateTopic(ctx, int32(n), rf, map[string]*string{"cleanup.policy": &compact, "max.message.bytes": &maxBytes}, topic)
 	if err == nil {
 		p.log.Info("created progress topic", "topic", topic, "partitions", n, "replication_factor", rf)
 		return nil
@@ -706,7 +709,13 @@ func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
 	}
 	p := u.b.p
 	opts := append(p.opts(), kgo.TransactionalID(u.txnID), kgo.TransactionTimeout(p.s.TransactionTimeout),
-		kgo.RecordPartitioner(partitioner{progress: u.b.progress, hash: p.s.partitioner()}))
+		kgo.RecordPartitioner(partitioner{progress: u.b.progress, hash: p.s.partitioner()}),
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if topic == u.b.progress {
+				return progressMaxBytes
+			}
+			return int32(max(p.s.MaxMessageBytes, 1<<20))
+		}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -442,4 +443,42 @@ func TestTxTimedOutPublishIsNotSentTwice(t *testing.T) {
 	if got := ids(drain(t, kf.ListenAddrs(), "order", kgo.ReadUncommitted())); !slices.Equal(got, []string{e.ID}) {
 		t.Fatalf("topic holds %v, want %s once", got, e.ID)
 	}
+}
+
+// A unit whose events are not settled for long (a log relay's slot
+// confirms late) carries them all in each progress record: past the
+// default 1 MB message limit, commits still go through.
+func TestTxLargeCarriedSet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("publishes 20,000 events")
+	}
+	kf := txCluster(t)
+	src := brokertest.NewSettler("public.outbox.log", 1)
+	pub := bind(t, newTx(t, kf), src)
+	const n, publishers = 20000, 256
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				s := next.Add(1)
+				if s > n {
+					return
+				}
+				if err := pub.Publish(t.Context(), ev(s, "agg-"+strconv.FormatInt(s%publishers, 10), 0)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	recs := drain(t, kf.ListenAddrs(), "outbox.progress.public.outbox.log", kgo.ReadCommitted())
+	last := recs[len(recs)-1]
+	if got := len(progressIDs(t, last)); got != n {
+		t.Fatalf("last progress record names %d events, want %d", got, n)
+	}
+	t.Logf("%d transactions; last progress record %d bytes for %d carried events", len(recs), len(last.Value), n)
 }
