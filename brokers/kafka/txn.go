@@ -42,6 +42,9 @@ const (
 	// pruneEvery is how often a source is asked which carried events it
 	// has settled.
 	pruneEvery = 300 * time.Millisecond
+	// progressMaxBytes bounds a progress record (about 60 bytes per
+	// carried event): the progress topic is created allowing it.
+	progressMaxBytes = 16 << 20
 	// abortTimeout bounds aborting a dropped producer's transaction.
 	abortTimeout = 2 * time.Second
 	// closeTimeout bounds Close's wait for transactions in progress.
@@ -257,8 +260,8 @@ func (p *TxPublisher) ensureTopic(ctx context.Context, topic string, n int) erro
 		return fmt.Errorf("list brokers: %w", err)
 	}
 	rf := int16(min(3, max(1, len(bs))))
-	compact := "compact"
-	_, err = p.admin.CreateTopic(ctx, int32(n), rf, map[string]*string{"cleanup.policy": &compact}, topic)
+	compact, maxBytes := "compact", strconv.Itoa(progressMaxBytes)
+	_, err = p.admin.CreateTopic(ctx, int32(n), rf, map[string]*string{"cleanup.policy": &compact, "max.message.bytes": &maxBytes}, topic)
 	if err == nil {
 		p.log.Info("created progress topic", "topic", topic, "partitions", n, "replication_factor", rf)
 		return nil
@@ -496,7 +499,7 @@ func (u *unit) run() {
 // grab takes the queued events; with none queued and in nil (between
 // transactions), the runner ends. Events in the unit's committed set
 // return nil at once; those already in the transaction (in) wait for it.
-func (u *unit) grab(in map[string]*pending) []*pending {
+func (u *unit) grab(in map[core.Sent]*pending) []*pending {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	q := u.queue
@@ -511,22 +514,24 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 }
 
 // skip answers the events committed already and drops those the
-// transaction holds, whose waiters it adds to the first's. u.mu is held.
-func (u *unit) skip(q []*pending, in map[string]*pending) []*pending {
+// transaction holds, whose waiters it adds to the first's. An event
+// counts as committed only with the same seq and replays: an operator's
+// replay is a new delivery. u.mu is held.
+func (u *unit) skip(q []*pending, in map[core.Sent]*pending) []*pending {
 	out := q[:0]
 	for _, pd := range q {
 		if u.kafka[pd.sent.ID] == pd.sent {
 			pd.deliver(nil) // in Kafka already; a replay since is not
 			continue
 		}
-		if first, ok := in[pd.sent.ID]; ok {
+		if first, ok := in[pd.sent]; ok {
 			// An engine retry of an event this transaction holds (its
 			// first publish timed out): it waits for the same outcome.
 			first.others = append(first.others, pd)
 			continue
 		}
 		if in != nil {
-			in[pd.sent.ID] = pd
+			in[pd.sent] = pd
 		}
 		out = append(out, pd)
 	}
@@ -552,7 +557,7 @@ func (u *unit) txn(batch []*pending) {
 		finish(batch, fmt.Errorf("take unit %d of %s: %w", u.n, u.b.name, classifyTx(err)))
 		return
 	}
-	in := map[string]*pending{}
+	in := map[core.Sent]*pending{}
 	u.mu.Lock()
 	batch = u.skip(batch, in)
 	u.mu.Unlock()
@@ -659,10 +664,16 @@ collect:
 // ones: every event of the unit committed in Kafka and maybe unsettled.
 func (u *unit) progressRecord(batch []*pending) (*kgo.Record, error) {
 	var pr progressValue
+	ids := make(map[string]bool, len(batch))
+	for _, pd := range batch {
+		ids[pd.sent.ID] = true
+	}
 	u.mu.Lock()
 	pr.Events = make([]progressEvent, 0, len(batch)+len(u.kafka))
 	for _, s := range u.kafka {
-		pr.Events = append(pr.Events, progressEvent{Seq: s.Seq, ID: s.ID, Replays: s.Replays})
+		if !ids[s.ID] { // a replay in the batch replaces it
+			pr.Events = append(pr.Events, progressEvent{Seq: s.Seq, ID: s.ID, Replays: s.Replays})
+		}
 	}
 	u.mu.Unlock()
 	for _, pd := range batch {
@@ -754,7 +765,13 @@ func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
 	}
 	p := u.b.p
 	opts := append(p.opts(), kgo.TransactionalID(u.txnID), kgo.TransactionTimeout(p.s.TransactionTimeout),
-		kgo.RecordPartitioner(partitioner{progress: u.b.progress, hash: p.s.partitioner()}))
+		kgo.RecordPartitioner(partitioner{progress: u.b.progress, hash: p.s.partitioner()}),
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if topic == u.b.progress {
+				return progressMaxBytes
+			}
+			return int32(max(p.s.MaxMessageBytes, 1<<20))
+		}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,6 +299,20 @@ func TestTxTakeOverSkipsCommitted(t *testing.T) {
 			t.Fatalf("topic holds %v, want %v once each", got, want)
 		}
 	}
+	// An operator's replay (same seq and id, one more replay) is a new
+	// delivery, once.
+	replay := *events[1]
+	replay.Replays = 1
+	for range 2 {
+		if err := pb.Publish(t.Context(), &replay); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want = append(want, replay.ID)
+	slices.Sort(want)
+	if got := ids(drain(t, addrs, "order", kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Fatalf("after a replay the topic holds %v, want %v", got, want)
+	}
 	// Once the source settles them, they are forgotten: a replay is then
 	// a new delivery.
 	src.Settle(events[0].ID)
@@ -472,4 +487,42 @@ func TestTxBindAgainSentAndReplay(t *testing.T) {
 	if n := len(got); n != 2 {
 		t.Fatalf("%d records of the event read committed, want 2: the first send and the replay", n)
 	}
+}
+
+// A unit whose events are not settled for long (a log relay's slot
+// confirms late) carries them all in each progress record: past the
+// default 1 MB message limit, commits still go through.
+func TestTxLargeCarriedSet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("publishes 20,000 events")
+	}
+	kf := txCluster(t)
+	src := brokertest.NewSettler("public.outbox.log", 1)
+	pub := bind(t, newTx(t, kf), src)
+	const n, publishers = 20000, 256
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				s := next.Add(1)
+				if s > n {
+					return
+				}
+				if err := pub.Publish(t.Context(), ev(s, "agg-"+strconv.FormatInt(s%publishers, 10), 0)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	recs := drain(t, kf.ListenAddrs(), "outbox.progress.public.outbox.log", kgo.ReadCommitted())
+	last := recs[len(recs)-1]
+	if got := len(progressIDs(t, last)); got != n {
+		t.Fatalf("last progress record names %d events, want %d", got, n)
+	}
+	t.Logf("%d transactions; last progress record %d bytes for %d carried events", len(recs), len(last.Value), n)
 }
