@@ -44,6 +44,20 @@ func TestFaultsKafka(t *testing.T) {
 		Faults: []string{KillRelay, PauseRelay, CrashPG, HalfOpen}})
 }
 
+// The exactly-once path (brokers.kafka.exactly_once) under kills, a kill
+// storm, freezes, a PostgreSQL crash and the broker's connections reset and
+// refused: its read_committed consumer must receive no event twice, and
+// the rest of the accounting holds as for the plain path.
+func TestFaultsKafkaExactlyOnce(t *testing.T) {
+	servers(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	rep := runShort(t, Options{Broker: "kafka", ExactlyOnce: true, Events: 2000, ProduceFor: 15 * time.Second,
+		Faults: []string{KillRelay, KillStorm, FreezeRelay, PauseRelay, CrashPG, RestartMQ, HalfOpen}})
+	if rep.Duplicates != 0 {
+		t.Errorf("exactly-once: %d duplicates", rep.Duplicates)
+	}
+}
+
 // The relays in log mode: one reads the slot, the others stand by. The
 // relay faults hit the one reading it: killed (SIGKILL), paused past
 // wal_sender_timeout (SIGSTOP), all killed at once, its network to
