@@ -85,7 +85,7 @@ func (b *bench) eosSection(ctx context.Context, rep *report) error {
 					return err
 				}
 				b.log.Warn("exactly-once drain not measured", "path", eosPath(eos), "round", round, "error", err)
-				row = eosRow{Kind: eosDrain, ExactlyOnce: eos, Relays: 1, Note: "not measured: " + err.Error()}
+				row = eosRow{Kind: eosDrain, ExactlyOnce: eos, Relays: 1, Note: "not measured: " + oneLine(err)}
 			}
 			if old, ok := best[eos]; !ok || row.Drain.PerSec() > old.Drain.PerSec() {
 				best[eos] = row
@@ -102,7 +102,7 @@ func (b *bench) eosSection(ctx context.Context, rep *report) error {
 					return err
 				}
 				b.log.Warn("exactly-once latency not measured", "path", eosPath(eos), "relays", relays, "error", err)
-				row = eosRow{Kind: eosLatency, ExactlyOnce: eos, Relays: relays, Rate: 1000, Note: "not measured: " + err.Error()}
+				row = eosRow{Kind: eosLatency, ExactlyOnce: eos, Relays: relays, Rate: 1000, Note: "not measured: " + oneLine(err)}
 			}
 			rep.EOS = append(rep.EOS, row)
 		}
@@ -259,7 +259,7 @@ func (r *report) eosTable() []table {
 		e, _ := r.eos(eosDrain, true, 1)
 		x := ratioOf(e.Drain.PerSec(), p.Drain.PerSec())
 		t.Rows = append(t.Rows, []string{fmt.Sprintf("drain of %s events, 1 relay, events/s", count(r.Config.EOSBacklog)),
-			perSec(p.Drain.PerSec()), perSec(e.Drain.PerSec()), ratioText(x),
+			orNot(p.Drain.Events > 0, perSec(p.Drain.PerSec())), orNot(e.Drain.Events > 0, perSec(e.Drain.PerSec())), ratioText(x),
 			fmt.Sprintf(">= %.1fx", eosThroughputGoal), markIf(x > 0, x >= eosThroughputGoal),
 			fmt.Sprintf("committed records read: plain %d, exactly-once %d; CPU per 1k events, relay / PostgreSQL: plain %s, exactly-once %s; %s",
 				p.Delivered, e.Delivered, p.Drain.cpuPer1k(), e.Drain.cpuPer1k(), notes(p, e))})
@@ -276,11 +276,12 @@ func (r *report) eosTable() []table {
 			what += "s"
 		}
 		measured := el.Events > 0
+		pm := pl.Events > 0
 		n := fmt.Sprintf("achieved/s: plain %s, exactly-once %s; undelivered: plain %d, exactly-once %d; %s",
 			perSec(pl.Achieved), perSec(el.Achieved), pl.Missing, el.Missing, notes(p, e))
 		t.Rows = append(t.Rows,
-			[]string{what + ", p50", fmtDur(pl.P50), fmtDur(el.P50), ratioText(ratioOf(float64(el.P50), float64(pl.P50))), "-", "-", n},
-			[]string{what + ", p99", fmtDur(pl.P99), fmtDur(el.P99), ratioText(ratioOf(float64(el.P99), float64(pl.P99))),
+			[]string{what + ", p50", orNot(pm, fmtDur(pl.P50)), orNot(measured, fmtDur(el.P50)), ratioText(ratioOf(float64(el.P50), float64(pl.P50))), "-", "-", n},
+			[]string{what + ", p99", orNot(pm, fmtDur(pl.P99)), orNot(measured, fmtDur(el.P99)), ratioText(ratioOf(float64(el.P99), float64(pl.P99))),
 				"< " + fmtDur(eosP99Goal), markIf(measured, el.P99 < eosP99Goal && el.Missing == 0), ""})
 	}
 	return []table{t}
@@ -291,8 +292,11 @@ func (r *report) eosGoals(add func(name, target, measured string, met bool)) {
 	if p, ok := r.eos(eosDrain, false, 1); ok {
 		e, _ := r.eos(eosDrain, true, 1)
 		x := ratioOf(e.Drain.PerSec(), p.Drain.PerSec())
-		add("Kafka exactly-once drain throughput vs plain Kafka, 1 relay", fmt.Sprintf(">= %.1fx", eosThroughputGoal),
-			fmt.Sprintf("%s (%s vs %s events/s)", ratioText(x), perSec(e.Drain.PerSec()), perSec(p.Drain.PerSec())), x >= eosThroughputGoal)
+		measured := "not measured"
+		if x > 0 {
+			measured = fmt.Sprintf("%s (%s vs %s events/s)", ratioText(x), perSec(e.Drain.PerSec()), perSec(p.Drain.PerSec()))
+		}
+		add("Kafka exactly-once drain throughput vs plain Kafka, 1 relay", fmt.Sprintf(">= %.1fx", eosThroughputGoal), measured, x >= eosThroughputGoal)
 	}
 	for _, relays := range []int{1, 3} {
 		e, ok := r.eos(eosLatency, true, relays)
@@ -322,6 +326,23 @@ func ratioText(x float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fx", x)
+}
+
+// orNot is s for a measured figure, else "-".
+func orNot(measured bool, s string) string {
+	if !measured {
+		return "-"
+	}
+	return s
+}
+
+// oneLine is err on one line, cut short: a relay's stderr tail holds many.
+func oneLine(err error) string {
+	s := strings.Join(strings.Fields(err.Error()), " ")
+	if len(s) > 300 {
+		s = s[:300] + "..."
+	}
+	return s
 }
 
 // markIf is mark for a figure that may be missing.
