@@ -26,12 +26,13 @@ func run() int {
 		rate       = flag.Int("rate", 400, "events per second the producers aim for")
 		modeList   = flag.String("modes", "table,log", "relay modes to run each broker with, in order")
 		eosList    = flag.String("kafka-paths", "plain,exactly-once", "Kafka publishers to run each mode with, in order: plain, exactly-once (brokers.kafka.exactly_once)")
-		verbose    = flag.Bool("v", false, "debug logging")
+		verbose    = flag.Bool("v", false, "debug logging, the relays' too")
+		dir        = flag.String("dir", "", "keep each run's files (relay logs, server logs) in a new directory under this one")
 	)
 	flag.Parse()
-	level := slog.LevelInfo
+	level, relayLog := slog.LevelInfo, ""
 	if *verbose {
-		level = slog.LevelDebug
+		level, relayLog = slog.LevelDebug, "debug"
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	root, err := ModuleRoot()
@@ -76,7 +77,7 @@ func run() int {
 				rep, err := Run(ctx, Options{
 					Root: root, Broker: broker, Mode: mode, ExactlyOnce: eos, Events: *events, Relays: *relays, Producers: 8,
 					Aggregates: 2000, ProduceFor: produceFor, Faults: faults, FaultGap: gap,
-					DrainTimeout: 5 * time.Minute, Logger: log,
+					DrainTimeout: 5 * time.Minute, Logger: log, Dir: runDir(*dir, broker, mode, eos), RelayLog: relayLog,
 				})
 				if err != nil {
 					log.Error("chaos run failed", "broker", broker, "mode", mode, "exactly_once", eos, "error", err)
@@ -106,6 +107,19 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// runDir makes a directory for one run under parent, or returns "" (a
+// temporary one, removed after the run) when parent is empty.
+func runDir(parent, broker, mode string, exactlyOnce bool) string {
+	if parent == "" {
+		return ""
+	}
+	d, err := os.MkdirTemp(parent, fmt.Sprintf("%s-%s-eos%v-", broker, mode, exactlyOnce))
+	if err != nil {
+		return ""
+	}
+	return d
 }
 
 func envInt(name string, def int) int {

@@ -101,6 +101,7 @@ type Options struct {
 	// install); default none but ctx's.
 	Deadline time.Duration
 	Dir      string       // work directory (binary, logs); default a new temporary one
+	RelayLog string       // the relays' log.level; default info
 	Logger   *slog.Logger // progress; default discard
 }
 
@@ -420,6 +421,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if o.ExactlyOnce {
 		relayEnv = append(relayEnv, "OUTBOX_BROKERS_KAFKA_EXACTLY_ONCE=true")
+	}
+	if o.RelayLog != "" {
+		relayEnv = append(relayEnv, "OUTBOX_LOG_LEVEL="+o.RelayLog)
 	}
 	if o.Mode == "log" {
 		// As an operator would: the relays' role may read slots, and the
