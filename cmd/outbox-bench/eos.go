@@ -247,6 +247,9 @@ func (r *report) eosTable() []table {
 		return []table{t}
 	}
 	notes := func(a, b eosRow) string {
+		if a.Note == b.Note {
+			return a.Note
+		}
 		var n []string
 		for _, x := range []eosRow{a, b} {
 			if x.Note != "" {
