@@ -27,12 +27,14 @@ func servers(t *testing.T) {
 }
 
 // The short fault run: a few thousand events, three relays, every fault
-// kind once, RabbitMQ. It also runs the relays and the consumer under
+// kind once but the kill storm and the short freeze (make chaos runs
+// those), RabbitMQ. It also runs the relays and the consumer under
 // least-privilege roles that log in with passwords.
 func TestFaultsRabbitMQ(t *testing.T) {
 	servers(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second})
+	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second,
+		Faults: []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen}})
 }
 
 // A shorter one against Kafka (kfake, in memory, so never restarted, but
