@@ -70,7 +70,7 @@ func TestExactlyOnceAccounting(t *testing.T) {
 	}
 	var b strings.Builder
 	PrintComparison(&b, []*Report{plain, eos})
-	for _, want := range []string{"kafka table plain", "kafka table exactly-once", "7 (x2)", "1 (x2)", "7.0% of 100"} {
+	for _, want := range []string{"kafka table plain", "kafka table exactly-once", "7 (x2)", "1 (x2)", "7.000% of 100"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("comparison lacks %q:\n%s", want, b.String())
 		}

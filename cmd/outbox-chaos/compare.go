@@ -75,7 +75,7 @@ func PrintComparison(w io.Writer, reps []*Report) {
 		if r.Committed == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.1f%% of %d", 100*float64(r.Duplicates)/float64(r.Committed), r.Committed)
+		return fmt.Sprintf("%.3f%% of %d", 100*float64(r.Duplicates)/float64(r.Committed), r.Committed)
 	})
 	total("", "lost / phantom / order", func(r *Report) string {
 		return fmt.Sprintf("%d / %d / %d", r.Lost, r.Phantom, r.OrderViolations)
