@@ -70,7 +70,7 @@ type TxPublisher struct {
 	s       Config
 	topics  *brokers.Routing
 	log     *slog.Logger
-	opts    []kgo.Opt // how every client reaches the cluster
+	opts    func() []kgo.Opt // how every client reaches the cluster
 	meta    *kgo.Client
 	admin   *kadm.Client
 	marshal wmkafka.Marshaler
@@ -116,7 +116,7 @@ func NewTx(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	meta, err := kgo.NewClient(opts...)
+	meta, err := kgo.NewClient(opts()...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
@@ -132,8 +132,22 @@ func NewTx(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Log
 	return p, nil
 }
 
-// kgoOpts maps the settings to franz-go's.
-func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
+// kgoOpts maps the settings to franz-go's. Each client gets options of
+// its own: franz-go rewrites some of their contents as it starts.
+func (s Config) kgoOpts(log *slog.Logger) (func() []kgo.Opt, error) {
+	var tlsOpt []kgo.Opt
+	if s.TLS {
+		tc, err := brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
+			ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}.Config()
+		if err != nil {
+			return nil, fmt.Errorf("kafka: %w", err)
+		}
+		tlsOpt = append(tlsOpt, kgo.DialTLSConfig(tc))
+	}
+	return func() []kgo.Opt { return append(s.clientOpts(log), tlsOpt...) }, nil
+}
+
+func (s Config) clientOpts(log *slog.Logger) []kgo.Opt {
 	codec := map[string]kgo.CompressionCodec{
 		"none": kgo.NoCompression(), "gzip": kgo.GzipCompression(), "snappy": kgo.SnappyCompression(),
 		"lz4": kgo.Lz4Compression(), "zstd": kgo.ZstdCompression(),
@@ -143,15 +157,7 @@ func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProduceRequestTimeout(s.Timeout),
 		kgo.RecordDeliveryTimeout(2 * s.Timeout), kgo.ProducerBatchCompression(codec),
 		kgo.ProducerBatchMaxBytes(int32(max(s.MaxMessageBytes, 1<<20))), kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgoLogger{log}),
-	}
-	if s.TLS {
-		tc, err := brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
-			ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}.Config()
-		if err != nil {
-			return nil, fmt.Errorf("kafka: %w", err)
-		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
+		kgo.WithLogger(kgoLogger{log}), kgo.ProducerLinger(0), // a transaction waits for its records
 	}
 	switch s.SASLMechanism {
 	case sarama.SASLTypePlaintext:
@@ -161,7 +167,7 @@ func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
 	case sarama.SASLTypeSCRAMSHA512:
 		opts = append(opts, kgo.SASL(kscram.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsSha512Mechanism()))
 	}
-	return opts, nil
+	return opts
 }
 
 // kgoLogger passes franz-go's warnings and errors on; its info and debug
@@ -434,13 +440,13 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 	defer u.mu.Unlock()
 	q := u.queue
 	u.queue = nil
+	if u.cl != nil {
+		q = u.skip(q, in)
+	} // else not taken: the skip set is not known yet
 	if len(q) == 0 && in == nil {
 		u.running = false
 	}
-	if u.cl == nil {
-		return q // not taken: the skip set is not known yet
-	}
-	return u.skip(q, in)
+	return q
 }
 
 // skip answers the events committed already and drops those the
@@ -682,7 +688,7 @@ func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
 		return cl, nil
 	}
 	p := u.b.p
-	opts := append(p.opts[:len(p.opts):len(p.opts)], kgo.TransactionalID(u.txnID), kgo.TransactionTimeout(p.s.TransactionTimeout),
+	opts := append(p.opts(), kgo.TransactionalID(u.txnID), kgo.TransactionTimeout(p.s.TransactionTimeout),
 		kgo.RecordPartitioner(partitioner{progress: u.b.progress, hash: p.s.partitioner()}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -808,7 +814,7 @@ func (b *boundPub) readProgress(ctx context.Context, n int) ([]core.Sent, error)
 // [start, stable), or nil. Transaction markers come through too, so the
 // read knows when it reached the stable offset.
 func (b *boundPub) lastCommitted(ctx context.Context, n int32, start, stable int64) (*kgo.Record, error) {
-	opts := append(b.p.opts[:len(b.p.opts):len(b.p.opts)],
+	opts := append(b.p.opts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{b.progress: {n: kgo.NewOffset().At(start)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(), kgo.FetchMaxWait(200*time.Millisecond))
 	cl, err := kgo.NewClient(opts...)
@@ -988,4 +994,29 @@ func checkName(name string) error {
 		}
 	}
 	return nil
+}
+
+// CheckRelay implements brokers.RelayChecker: exactly_once needs ordered
+// relays sharing the table, since each unit must be published by one
+// relay at a time (others would fence each other), and a transaction
+// timeout the broker does not reach while a publish still waits.
+func (s Config) CheckRelay(r brokers.RelaySettings) error {
+	if !s.ExactlyOnce {
+		return nil
+	}
+	s = s.withDefaults()
+	var errs []error
+	if r.Unordered {
+		errs = append(errs, errors.New("brokers.kafka.exactly_once needs ordered mode: set relay.unordered to false "+
+			"(unordered relays publish the same units and fence each other's transactions)"))
+	}
+	if !r.Sharing {
+		errs = append(errs, errors.New("brokers.kafka.exactly_once needs relay.sharing: without it every relay publishes "+
+			"every unit, and their producers fence each other"))
+	}
+	if s.TransactionTimeout <= r.PublishTimeout+10*time.Second {
+		errs = append(errs, fmt.Errorf("brokers.kafka.transaction_timeout %s must exceed relay.publish_timeout %s plus 10s",
+			s.TransactionTimeout, r.PublishTimeout))
+	}
+	return errors.Join(errs...)
 }
