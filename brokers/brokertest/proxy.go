@@ -27,6 +27,11 @@ const (
 	// connections are accepted and left unread. On Heal they are reset,
 	// as the peer that lost them would.
 	HalfOpen
+	// Down resets every connection and every new one at once, as a
+	// broker whose process went away (its port closed) does to its
+	// clients; on Heal it accepts again. What the broker holds is kept,
+	// as a restarted broker keeps its log.
+	Down
 )
 
 func (m Mode) String() string {
@@ -39,6 +44,8 @@ func (m Mode) String() string {
 		return "black-hole"
 	case HalfOpen:
 		return "half-open"
+	case Down:
+		return "down"
 	}
 	return "unknown"
 }
@@ -109,16 +116,27 @@ type advertised struct {
 func (a advertised) Addr() net.Addr { return a.proxy.ln.Addr() }
 
 // SetMode switches what the proxy does from now on, for the connections it
-// has and those to come.
+// has and those to come; Down closes those it has.
 func (p *Proxy) SetMode(m Mode) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.mode == m {
+		p.mu.Unlock()
 		return
 	}
 	p.mode = m
 	close(p.changed)
 	p.changed = make(chan struct{})
+	var dead []*pair
+	if m == Down {
+		for c := range p.conns {
+			dead = append(dead, c)
+		}
+		clear(p.conns)
+	}
+	p.mu.Unlock()
+	for _, c := range dead {
+		c.close()
+	}
 }
 
 // Heal goes back to Forward. Connections that cannot carry on (bytes were
@@ -198,7 +216,12 @@ func (p *Proxy) accept() {
 			return
 		}
 		c := &pair{in: in}
-		if m := p.Mode(); m == Forward || m == Stall {
+		m := p.Mode()
+		if m == Down {
+			_ = in.Close()
+			continue
+		}
+		if m == Forward || m == Stall {
 			// A stalled broker still completes the TCP handshake (its
 			// kernel does); only the process is not reading.
 			if c.out, err = net.Dial("tcp", p.target); err != nil {
@@ -242,6 +265,8 @@ func (p *Proxy) gate(c *pair) (deliver, ok bool) {
 			return true, true
 		case BlackHole:
 			return false, true
+		case Down:
+			return false, false
 		}
 		<-changed // Stall, HalfOpen: read nothing until the mode changes
 	}
@@ -295,7 +320,7 @@ func (p *Proxy) swallow(c *pair) {
 		_, live := p.conns[c]
 		mode, changed, cut := p.mode, p.changed, p.cut
 		p.mu.Unlock()
-		if !live || cut {
+		if !live || cut || mode == Down {
 			c.close()
 			return
 		}

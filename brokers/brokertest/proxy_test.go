@@ -112,6 +112,31 @@ func TestProxyBlackHoleAndHalfOpen(t *testing.T) {
 	}
 }
 
+// Down resets the connections it has and each new one, as a broker that
+// went away; after Heal new connections reach the broker again.
+func TestProxyDown(t *testing.T) {
+	p := brokertest.NewProxy(t, echo(t))
+	c := dial(t, p)
+	if _, err := roundTrip(t, c, "a", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.SetMode(brokertest.Down)
+	if _, err := read(c, 1, time.Second); err == nil {
+		t.Fatal("a connection carried on while the proxy was down")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a connection was left open while the proxy was down")
+	}
+	if got, err := roundTrip(t, dial(t, p), "b", time.Second); err == nil {
+		t.Fatalf("a proxy that is down answered a new connection: %q", got)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a new connection was left open while the proxy was down")
+	}
+	p.Heal()
+	if got, err := roundTrip(t, dial(t, p), "c", time.Second); err != nil || got != "c" {
+		t.Fatalf("after heal: %q %v", got, err)
+	}
+}
+
 // TargetPorts are the client ports the target sees: how a caller tells
 // which of the target's sessions came through which proxy.
 func TestProxyTargetPorts(t *testing.T) {

@@ -256,6 +256,7 @@ func runConsume(args []string) int {
 	fs := flag.NewFlagSet(consumeCommand, flag.ExitOnError)
 	broker := fs.String("broker", "", "amqp or kafka")
 	url := fs.String("url", "", "AMQP URL, or Kafka brokers separated by commas")
+	committed := fs.Bool("committed", false, "Kafka: read committed records only (read_committed)")
 	_ = fs.Parse(args)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -277,7 +278,7 @@ func runConsume(args []string) int {
 	case "amqp":
 		err = consumeAMQP(ctx, *url, emit)
 	case "kafka":
-		err = consumeKafka(ctx, strings.Split(*url, ","), emit)
+		err = consumeKafka(ctx, strings.Split(*url, ","), *committed, emit)
 	default:
 		err = fmt.Errorf("-broker %q is not amqp or kafka", *broker)
 	}
@@ -332,11 +333,15 @@ func consumeAMQP(ctx context.Context, url string, emit func(string, time.Time) e
 	return nil
 }
 
-func consumeKafka(ctx context.Context, brokers []string, emit func(string, time.Time) error) error {
+func consumeKafka(ctx context.Context, brokers []string, committed bool, emit func(string, time.Time) error) error {
 	// From the start: the topic is the run's own, and the bench waits for
 	// a warm-up event before it measures.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(benchTopic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(benchTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second)}
+	if committed {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
 	}

@@ -46,6 +46,7 @@ type config struct {
 	LatencyPaths string        // latency section: entries separated by commas; a path runs when its name holds every word of one; empty: all
 	ProducerRun  time.Duration // length of one producer throughput run
 	BrokerEvents int           // events per broker run
+	EOSBacklog   int           // exactly-once section: the Kafka drain's backlog
 
 	// The steady section.
 	SteadyRun     time.Duration // length of one steady-state run
@@ -57,7 +58,7 @@ type config struct {
 	Chart      string // SVG chart; default: next to Out
 	CPUProfile string
 	MemProfile string
-	Only       string // run one section: drain, latency, steady, producer, brokers, scale, producers
+	Only       string // run one section: drain, latency, steady, exactly-once, producer, brokers, scale, producers
 	Render     string // re-render the report from this JSON file instead of measuring
 }
 
@@ -70,7 +71,7 @@ func defaults(quick bool) config {
 		Backlog: 500_000, SmallBacklog: 10_000, BigBacklog: 5_000_000, ReplicaLoad: 1_000_000, LargeRows: 300,
 		Aggregates: 10_000, PayloadBytes: 128,
 		DrainCap: 30 * time.Second, BigDrainCap: 60 * time.Second, Repeat: 2,
-		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000,
+		LatencyRun: 10 * time.Second, ProducerRun: 5 * time.Second, BrokerEvents: 50_000, EOSBacklog: 100_000,
 		SteadyRun: 10 * time.Second, BaselineRev: previousRelease,
 	}
 	if quick {
@@ -79,6 +80,7 @@ func defaults(quick bool) config {
 		c.Aggregates = 1000
 		c.DrainCap, c.BigDrainCap, c.Repeat = 15*time.Second, 10*time.Second, 1
 		c.LatencyRun, c.ProducerRun, c.BrokerEvents = 2*time.Second, 2*time.Second, 5_000
+		c.EOSBacklog = 20_000
 		c.SteadyRun = 2 * time.Second
 	}
 	return c
@@ -123,6 +125,7 @@ func main() {
 	fs.StringVar(&c.LatencyPaths, "latency-paths", "", "latency section: run only the paths whose name holds every word of one of these entries, separated by commas (e.g. \"rabbitmq log,in process\")")
 	fs.DurationVar(&c.ProducerRun, "producer-run", c.ProducerRun, "length of one producer throughput run")
 	fs.IntVar(&c.BrokerEvents, "broker-events", c.BrokerEvents, "events per broker run")
+	fs.IntVar(&c.EOSBacklog, "eos-backlog", c.EOSBacklog, "exactly-once section: events in the Kafka drain's backlog, plain and exactly-once")
 	fs.DurationVar(&c.SteadyRun, "steady-run", c.SteadyRun, "length of one steady-state run")
 	fs.StringVar(&c.BaselineRev, "baseline-rev", c.BaselineRev, "the previous release's commit: its `outbox` binary is built (git archive, go build) and run beside this build's in the steady-state rows; \"none\" skips it")
 	fs.StringVar(&c.SteadyRows, "steady-rows", "", "steady section: run only the rows whose name (such as \"cpu-log-only-1relays-1000\" or \"latency-kafka-kfake-3relays-1000\") holds every word of one of these entries, separated by commas (e.g. \"cpu 1000,latency 3relays\")")
@@ -131,7 +134,7 @@ func main() {
 	fs.StringVar(&c.Chart, "chart", "", "write the SVG chart here (default: beside -out)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write an allocation profile of the whole run here")
-	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, steady, producer, brokers, scale or producers")
+	fs.StringVar(&c.Only, "only", "", "run one section: drain, latency, steady, exactly-once, producer, brokers, scale or producers")
 	fs.StringVar(&c.Render, "render", "", "write -out again from the figures saved beside an earlier report (its .json)")
 	_ = fs.Parse(os.Args[1:])
 
@@ -209,6 +212,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		{"drain", b.drainSection},
 		{"latency", b.latencySection},
 		{"steady", b.steadySection},
+		{"exactly-once", b.eosSection},
 		{"producer", b.producerSection},
 		{"brokers", b.brokerSection},
 		{"scale", b.scaleSection},

@@ -84,6 +84,10 @@ type report struct {
 	Steady         []steadyRow
 	SteadyBaseline string // the previous release's revision, when it ran
 	SteadyNote     string // why a version did not run
+
+	// The exactly-once rows: Kafka plain and exactly-once, side by side.
+	EOS     []eosRow
+	EOSNote string // why they did not run
 }
 
 func (r *report) drain(name string) (rate, bool) {
@@ -148,6 +152,7 @@ func (r *report) evaluate() {
 			l.P99 < 10*time.Millisecond && l.Missing == 0)
 	}
 	r.steadyGoals(add)
+	r.eosGoals(add)
 	// What producers pay: each variant against the transaction of two
 	// business rows it replaces one of, at 1 and 16 producers.
 	producerGoals := []struct {
@@ -297,6 +302,7 @@ func (r *report) tables() []table {
 		ts = append(ts, t)
 	}
 	ts = append(ts, r.steadyTables()...)
+	ts = append(ts, r.eosTable()...)
 	prod := func(title string, rows []producerRow) {
 		if len(rows) == 0 {
 			return

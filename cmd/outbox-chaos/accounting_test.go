@@ -54,3 +54,25 @@ func TestAccountingCatchesEveryFault(t *testing.T) {
 		t.Errorf("a takeover of %s passes: %v", TakeoverSLO, err)
 	}
 }
+
+// An exactly-once run fails on a single duplicate, and the comparison
+// puts each fault kind's duplicates of both paths side by side.
+func TestExactlyOnceAccounting(t *testing.T) {
+	plain := &Report{Broker: "kafka", Mode: "table", Duplicates: 7, Committed: 100, Effects: 100,
+		Faults: map[string]int{KillRelay: 2}, FaultDuplicates: map[string][]int{KillRelay: {3, 4}}}
+	eos := &Report{Broker: "kafka", Mode: "table", ExactlyOnce: true, Duplicates: 1, Committed: 100, Effects: 100,
+		Faults: map[string]int{KillRelay: 2}, FaultDuplicates: map[string][]int{KillRelay: {0, 1}}}
+	if err := plain.Err(); err != nil {
+		t.Errorf("plain run with duplicates fails: %v", err)
+	}
+	if err := eos.Err(); err == nil || !strings.Contains(err.Error(), "duplicates (exactly-once, read_committed): 1, want 0") {
+		t.Errorf("exactly-once run with a duplicate: %v", err)
+	}
+	var b strings.Builder
+	PrintComparison(&b, []*Report{plain, eos})
+	for _, want := range []string{"kafka table plain", "kafka table exactly-once", "7 (x2)", "1 (x2)", "7.000% of 100"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("comparison lacks %q:\n%s", want, b.String())
+		}
+	}
+}

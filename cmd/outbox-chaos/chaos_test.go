@@ -27,12 +27,14 @@ func servers(t *testing.T) {
 }
 
 // The short fault run: a few thousand events, three relays, every fault
-// kind once, RabbitMQ. It also runs the relays and the consumer under
+// kind once but the kill storm and the short freeze (make chaos runs
+// those), RabbitMQ. It also runs the relays and the consumer under
 // least-privilege roles that log in with passwords.
 func TestFaultsRabbitMQ(t *testing.T) {
 	servers(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second})
+	runShort(t, Options{Broker: "amqp", Events: 3000, ProduceFor: 25 * time.Second,
+		Faults: []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen}})
 }
 
 // A shorter one against Kafka (kfake, in memory, so never restarted, but
@@ -42,6 +44,26 @@ func TestFaultsKafka(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	runShort(t, Options{Broker: "kafka", Events: 2000, ProduceFor: 15 * time.Second,
 		Faults: []string{KillRelay, PauseRelay, CrashPG, HalfOpen}})
+}
+
+// The exactly-once path (brokers.kafka.exactly_once) under kills, a kill
+// storm, freezes, a PostgreSQL crash and the broker's connections reset and
+// refused: its read_committed consumer must receive no event twice, and
+// the rest of the accounting holds as for the plain path. `make chaos` runs
+// the long version; this short one runs only when asked
+// (OUTBOX_CHAOS_EXACTLY_ONCE=1), as the package's runs already fill the
+// time `make test` gives it.
+func TestFaultsKafkaExactlyOnce(t *testing.T) {
+	servers(t)
+	if os.Getenv("OUTBOX_CHAOS_EXACTLY_ONCE") != "1" {
+		t.Skip("set OUTBOX_CHAOS_EXACTLY_ONCE=1 to run it; make chaos runs the long version")
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	rep := runShort(t, Options{Broker: "kafka", ExactlyOnce: true, Events: 2000, ProduceFor: 15 * time.Second,
+		Faults: []string{KillRelay, KillStorm, FreezeRelay, PauseRelay, CrashPG, RestartMQ, HalfOpen}})
+	if rep.Duplicates != 0 {
+		t.Errorf("exactly-once: %d duplicates", rep.Duplicates)
+	}
 }
 
 // The relays in log mode: one reads the slot, the others stand by. The

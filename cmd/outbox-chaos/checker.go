@@ -226,10 +226,12 @@ func declareQueue(ch *amqp091.Channel, topic string) error {
 }
 
 // consumeKafka reads every partition of topic from the start until ctx
-// ends, one record at a time in partition order.
+// ends, one record at a time in partition order. It reads committed
+// records only (read_committed), as a consumer of the exactly-once path
+// must; without transactions that is every record.
 func (c *checker) consumeKafka(ctx context.Context, brokers []string, topic string) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return fmt.Errorf("kafka consumer: %w", err)
 	}

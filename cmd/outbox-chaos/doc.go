@@ -11,8 +11,11 @@
 // default 100,000 events, four relays, every fault kind repeated, against
 // RabbitMQ and then Kafka, printing the accounting of each, and exits
 // non-zero when an event is lost, delivered without being committed, out of
-// order, or its effect applied twice. The test in this package is the short
-// one.
+// order, or its effect applied twice. Kafka runs twice per relay mode: the
+// plain publisher, then the exactly-once one (brokers.kafka.exactly_once),
+// which must deliver no event twice to the checker's read_committed
+// consumer; a table then gives the duplicates of each fault kind for both
+// side by side. The tests in this package are the short ones.
 //
 //	go run ./cmd/outbox-chaos -events 20000 -brokers amqp
 package main

@@ -34,23 +34,35 @@ import (
 const (
 	KillRelay   = "kill-relay"       // SIGKILL one relay; it is restarted
 	PauseRelay  = "pause-relay"      // SIGSTOP one relay past its claim timeout, then SIGCONT
-	RestartMQ   = "restart-broker"   // RabbitMQ stop_app, a few seconds down, start_app
+	RestartMQ   = "restart-broker"   // the broker down a few seconds (RabbitMQ stop_app; Kafka: see AllFaults), then up
 	RestartPG   = "restart-pg"       // PostgreSQL fast shutdown, a few seconds down, start
 	CrashPG     = "crash-pg"         // PostgreSQL immediate shutdown (crash recovery), start
 	KillAll     = "kill-all"         // SIGKILL every relay at once
-	FreezeMQ    = "freeze-broker"    // SIGSTOP the RabbitMQ process, then SIGCONT
+	FreezeMQ    = "freeze-broker"    // the broker frozen (RabbitMQ: SIGSTOP; Kafka: see AllFaults), then resumed
 	BlackHole   = "blackhole-broker" // the relays' broker proxy reads and never answers, then heals
 	HalfOpen    = "halfopen-broker"  // the relays' broker proxy reads nothing and answers nothing, then heals
 	CutRelayDB  = "cut-relay-db"     // log mode: the slot reader's way to PostgreSQL black-holed, then healed
+	KillStorm   = "kill-storm"       // SIGKILL a relay (mid-claim when it can) every stormEvery, stormKills times
+	FreezeRelay = "freeze-relay"     // SIGSTOP one relay mid-claim for freezeFor, inside its claim window, then SIGCONT
 	topic       = "order"            // where "order.updated" is routed
 	claimWindow = 5 * time.Second    // idle_in_transaction_timeout given to the relays
 )
 
-// AllFaults are the fault kinds for RabbitMQ. Kafka runs on kfake, which
-// is in memory: restarting it would lose what it holds, and it runs inside
-// this process, so a Kafka run leaves out RestartMQ and FreezeMQ.
-// CutRelayDB is for log mode only.
-var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen, CutRelayDB}
+// AllFaults are the fault kinds, each for every broker but CutRelayDB, for
+// log mode only. Kafka runs on kfake inside this process, in memory, and
+// every client reaches it through a proxy: there RestartMQ is the proxy
+// resetting every connection and refusing new ones for the outage (the
+// broker's side of a restart; its log and transactions survive, as on a
+// real broker's disk), and FreezeMQ the proxy stalling every connection,
+// as a broker stopped with SIGSTOP does.
+var AllFaults = []string{KillRelay, RestartPG, PauseRelay, RestartMQ, CrashPG, KillAll, FreezeMQ, BlackHole, HalfOpen, CutRelayDB, KillStorm, FreezeRelay}
+
+// The kill storm and the short freeze.
+const (
+	stormEvery = 1500 * time.Millisecond
+	stormKills = 6
+	freezeFor  = 2 * time.Second
+)
 
 // LagSLO is the lag (age of the oldest pending event) a run counts as
 // recovered under, after each fault.
@@ -66,7 +78,7 @@ type Options struct {
 	Aggregates int           // default 300
 	ProduceFor time.Duration // spread production over this; default 25s
 	// Faults are applied one after another while producing, FaultGap
-	// apart; default AllFaults (less RestartMQ for Kafka).
+	// apart; default AllFaults (less CutRelayDB in table mode).
 	Faults   []string
 	FaultGap time.Duration // default 2s
 	Outage   time.Duration // how long a server stays down; default 3s
@@ -81,11 +93,15 @@ type Options struct {
 	// they read the rows' inserts from a replication slot, one relay
 	// holding it and the others standing by.
 	Mode string
+	// ExactlyOnce runs the Kafka relays with brokers.kafka.exactly_once:
+	// the checker then requires that no event arrives twice.
+	ExactlyOnce bool
 	// Deadline bounds the run once its binary is built and its servers
 	// are up (those can take minutes on a loaded machine, or with an
 	// install); default none but ctx's.
 	Deadline time.Duration
 	Dir      string       // work directory (binary, logs); default a new temporary one
+	RelayLog string       // the relays' log.level; default info
 	Logger   *slog.Logger // progress; default discard
 }
 
@@ -98,6 +114,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Broker != "amqp" && o.Broker != "kafka" {
 		return o, fmt.Errorf("chaos: broker %q is not amqp or kafka", o.Broker)
+	}
+	if o.ExactlyOnce && o.Broker != "kafka" {
+		return o, fmt.Errorf("chaos: exactly-once is for kafka, not %s", o.Broker)
 	}
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -136,11 +155,7 @@ func (o Options) withDefaults() (Options, error) {
 	var faults []string
 	for _, f := range o.Faults {
 		switch f {
-		case KillRelay, PauseRelay, RestartPG, CrashPG, KillAll, BlackHole, HalfOpen:
-		case RestartMQ, FreezeMQ:
-			if o.Broker == "kafka" {
-				continue // kfake is in memory; see AllFaults
-			}
+		case KillRelay, PauseRelay, RestartPG, CrashPG, KillAll, BlackHole, HalfOpen, RestartMQ, FreezeMQ, KillStorm, FreezeRelay:
 		case CutRelayDB:
 			if o.Mode != "log" {
 				continue
@@ -161,6 +176,7 @@ func (o Options) withDefaults() (Options, error) {
 type Report struct {
 	Broker       string
 	Mode         string
+	ExactlyOnce  bool
 	Relays       int
 	Elapsed      time.Duration
 	Faults       map[string]int
@@ -219,6 +235,9 @@ func (r *Report) Err() error {
 	check("events without effect", r.Committed-r.Effects, 0)
 	check("messages without identity", r.NoIdentity, 0)
 	check("backlog at end", r.BacklogAtEnd, 0)
+	if r.ExactlyOnce {
+		check("duplicates (exactly-once, read_committed)", r.Duplicates, 0)
+	}
 	for _, f := range AllFaults {
 		for _, d := range r.Recovery[f] {
 			if d >= recoveryLimit {
@@ -252,6 +271,7 @@ func (r *Report) Print(w io.Writer) {
 		v any
 	}{
 		{"broker", r.Broker},
+		{"publisher", r.Publisher()},
 		{"relay mode", r.Mode},
 		{"relay processes", r.Relays},
 		{"elapsed", r.Elapsed.Round(time.Second)},
@@ -307,6 +327,17 @@ func (r *Report) Print(w io.Writer) {
 			}
 		}
 	}
+}
+
+// Publisher names the Kafka path a run took, or the broker's only one.
+func (r *Report) Publisher() string {
+	switch {
+	case r.ExactlyOnce:
+		return "exactly-once (transactional; consumer read_committed)"
+	case r.Broker == "kafka":
+		return "plain (consumer read_committed)"
+	}
+	return "plain"
 }
 
 // trafficSeconds gives the largest and the mean of duplicate counts ds in
@@ -387,6 +418,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		"OUTBOX_RELAY_LOG_WAL_SENDER_TIMEOUT=3s",
 		"OUTBOX_RELAY_LOG_RECEIVE_TIMEOUT=5s",
 		"OUTBOX_RELAY_LOG_STANDBY_INTERVAL=250ms",
+	}
+	if o.ExactlyOnce {
+		relayEnv = append(relayEnv, "OUTBOX_BROKERS_KAFKA_EXACTLY_ONCE=true")
+	}
+	if o.RelayLog != "" {
+		relayEnv = append(relayEnv, "OUTBOX_LOG_LEVEL="+o.RelayLog)
 	}
 	if o.Mode == "log" {
 		// As an operator would: the relays' role may read slots, and the
@@ -500,7 +537,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		log:      log.With("part", "producer"),
 		stats:    &producerStats{rolledBackUIDs: map[string]bool{}},
 	}
-	log.Info("producing", "events", o.Events, "over", o.ProduceFor, "relays", o.Relays, "broker", o.Broker)
+	log.Info("producing", "events", o.Events, "over", o.ProduceFor, "relays", o.Relays, "broker", o.Broker, "exactly_once", o.ExactlyOnce)
 	// Production goes on until the faults are over, so every fault
 	// meets producers writing.
 	var faultsOver atomic.Bool
@@ -515,7 +552,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	go func() { defer close(progressDone); progress(pctx, log, db, prod, chk) }()
 	defer func() { stopProducers(); <-progressDone }()
 
-	f := &faulter{prod: prod, db: db, srv: srv, slots: slots, outage: o.Outage, stall: o.Stall, proxy: proxy,
+	f := &faulter{prod: prod, db: db, srv: srv, slots: slots, outage: o.Outage, stall: o.Stall, proxy: proxy, broker: o.Broker,
 		log: log.With("part", "faults"), done: map[string]int{}, recovery: map[string][]time.Duration{},
 		takeover: map[string][]time.Duration{}, dups: chk.t.duplicates, faultDups: map[string][]int{}}
 	if o.Mode == "log" {
@@ -566,7 +603,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	stopConsumer()
 	consumerDone.Wait()
 
-	rep := &Report{Broker: o.Broker, Mode: o.Mode, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog,
+	rep := &Report{Broker: o.Broker, Mode: o.Mode, ExactlyOnce: o.ExactlyOnce, Relays: o.Relays, Faults: f.done, MidClaim: f.midClaim, BacklogAtEnd: backlog,
 		Recovery: f.recovery, Takeover: f.takeover, FaultDuplicates: f.faultDups}
 	for _, s := range slots {
 		rep.RelayExits += s.exitCount()
@@ -641,6 +678,7 @@ type faulter struct {
 	slots         []*relaySlot
 	outage, stall time.Duration
 	proxy         *brokertest.Proxy // between the relays and the broker
+	broker        string
 	log           *slog.Logger
 	done          map[string]int
 	recovery      map[string][]time.Duration
@@ -764,7 +802,38 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 		sleep(ctx, time.Until(stopped.Add(claimWindow+3*time.Second)))
 		s.signal(syscall.SIGCONT)
 	case FreezeMQ:
+		if f.broker == "kafka" {
+			f.proxy.SetMode(brokertest.Stall)
+			sleep(ctx, f.stall)
+			f.proxy.Heal()
+			return nil
+		}
 		return f.srv.FreezeRabbitMQ(ctx, f.stall)
+	case KillStorm:
+		for i := range stormKills {
+			if i > 0 && !sleep(ctx, stormEvery) {
+				return nil
+			}
+			// In log mode the slot's reader, when one reads it.
+			s := f.runningSlot()
+			if f.slot != "" {
+				if h, _, err := f.slotHolder(ctx); err == nil && h != nil && h.running() {
+					s = h
+				}
+			}
+			if s != nil {
+				f.stopMidClaim(ctx, s)
+				s.signal(syscall.SIGKILL)
+			}
+		}
+	case FreezeRelay:
+		f.burst(ctx)
+		s, _ := f.target(ctx)
+		if s == nil || !f.stopMidClaim(ctx, s) {
+			return nil
+		}
+		sleep(ctx, freezeFor)
+		s.signal(syscall.SIGCONT)
 	case CutRelayDB:
 		s, pid := f.target(ctx)
 		if s == nil || s.db == nil {
@@ -785,6 +854,12 @@ func (f *faulter) one(ctx context.Context, kind string) error {
 		sleep(ctx, f.stall)
 		f.proxy.Heal()
 	case RestartMQ:
+		if f.broker == "kafka" {
+			f.proxy.SetMode(brokertest.Down)
+			sleep(ctx, f.outage)
+			f.proxy.Heal()
+			return nil
+		}
 		if err := f.srv.StopRabbitMQ(); err != nil {
 			return err
 		}
