@@ -294,10 +294,10 @@ func TestTxTakeOverSkipsCommitted(t *testing.T) {
 		want = append(want, e.ID)
 	}
 	slices.Sort(want)
-	for _, level := range []kgo.IsolationLevel{kgo.ReadCommitted(), kgo.ReadUncommitted()} {
-		if got := ids(drain(t, addrs, "order", level)); !slices.Equal(got, want) {
-			t.Fatalf("topic holds %v, want %v once each", got, want)
-		}
+	// Read committed only: a transaction the broker aborted (kfake now
+	// and then refuses a batch) leaves its records behind, uncommitted.
+	if got := ids(drain(t, addrs, "order", kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Fatalf("topic holds %v read committed, want %v once each", got, want)
 	}
 	// An operator's replay (same seq and id, one more replay) is a new
 	// delivery, once.
