@@ -58,6 +58,7 @@ type result struct {
 	deliveries               int
 	duplicates               int // deliveries beyond one per event not owed to a replay
 	stops, kills, pgRestarts int
+	brokerFaults             int // Kafka cluster faults injected
 	refused                  int // transactions whose log-only write was refused
 }
 
@@ -93,6 +94,12 @@ func run(t *testing.T, h oracle.History) result {
 		t.Cleanup(d.dropSlot)
 	}
 	d.sim = oracle.NewSim(h.Mode)
+	if h.Path == oracle.ExactlyOnce {
+		d.sim.ExactlyOnce()
+	}
+	if h.Path.Kafka() {
+		d.kafka = newKafkaSide(t, h.Path, d.pub)
+	}
 	d.rng = rand.New(rand.NewPCG(h.Seed, 7))
 	if !h.StartStopped {
 		d.start()
@@ -106,15 +113,24 @@ func run(t *testing.T, h oracle.History) result {
 	if d.relay == nil {
 		d.start()
 	}
+	if d.kafka != nil {
+		// What a killed relay left open is fenced by now, or never
+		// will be: its producers go, still without ending their
+		// transactions.
+		d.kafka.closeAbandoned()
+	}
 	d.settle()
 	d.stop()
+	if d.kafka != nil {
+		d.kafka.stop()
+	}
 	for n, id := range d.idsByN() {
 		if d.handedOff(id) {
 			d.sim.HandedOff(n)
 		}
 	}
 	rec := d.pub.record(d.ids)
-	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused}
+	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused, brokerFaults: d.brokerFaults}
 	seen := map[string]int{}
 	for _, r := range rec {
 		seen[r.ID]++
@@ -132,6 +148,7 @@ type driver struct {
 	cfg     store.Config
 	slot    logrelay.Slot
 	pub     *broker
+	kafka   *kafkaSide // on a Kafka path: the cluster and the consumer whose reads feed pub's record
 	rows    *outbox.Writer
 	log     *outbox.LogWriter
 	ops     *admin.Admin
@@ -139,16 +156,17 @@ type driver struct {
 	sim     *oracle.Sim
 	rng     *rand.Rand
 
-	ids        map[string]int // event id -> label
-	relay      *relay
-	slotMade   bool
-	generation int // relay processes started
-	stops      int
-	kills      int
-	pgRestarts int
-	replayed   map[string]int // replays per event id
-	txs        int            // producer transactions run
-	refused    int            // of them refused by the log write function
+	ids          map[string]int // event id -> label
+	relay        *relay
+	slotMade     bool
+	generation   int // relay processes started
+	stops        int
+	kills        int
+	pgRestarts   int
+	brokerFaults int
+	replayed     map[string]int // replays per event id
+	txs          int            // producer transactions run
+	refused      int            // of them refused by the log write function
 }
 
 func (d *driver) idsByN() map[int]string {
@@ -176,10 +194,18 @@ func (d *driver) step(s oracle.Step) {
 	case oracle.KillRelay:
 		if d.relay != nil {
 			d.relay.kill(d.t, d.pool)
+			if d.kafka != nil {
+				d.kafka.abandon(d.relay.pub)
+			}
 			d.relay = nil
 			d.kills++
 		}
 		d.start()
+	case oracle.FailProduce, oracle.FailCommit:
+		if d.kafka != nil {
+			d.kafka.fail(s)
+			d.brokerFaults++
+		}
 	default:
 		d.operate(s)
 	}
@@ -561,18 +587,44 @@ func (b *broker) forgive(id string) {
 func (b *broker) Publish(ctx context.Context, e *core.Event) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.permanent[e.ID] {
-		return core.Permanent(errors.New("the broker refuses this event"))
-	}
-	if b.transient[e.ID] > 0 {
-		b.transient[e.ID]--
-		return errors.New("the broker is unavailable")
+	if err := b.admitLocked(e.ID); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b.got = append(b.got, oracle.Delivery{ID: e.ID, Counter: len(b.got) + 1, At: time.Now()})
+	b.addLocked(e.ID, time.Now())
 	return nil
+}
+
+// admit fails the event as told: the faults of one event, which a Kafka
+// path injects before its publisher.
+func (b *broker) admit(id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.admitLocked(id)
+}
+
+func (b *broker) admitLocked(id string) error {
+	if b.permanent[id] {
+		return core.Permanent(errors.New("the broker refuses this event"))
+	}
+	if b.transient[id] > 0 {
+		b.transient[id]--
+		return errors.New("the broker is unavailable")
+	}
+	return nil
+}
+
+// add records a delivery: on a Kafka path, a record the consumer read.
+func (b *broker) add(id string, at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.addLocked(id, at)
+}
+
+func (b *broker) addLocked(id string, at time.Time) {
+	b.got = append(b.got, oracle.Delivery{ID: id, Counter: len(b.got) + 1, At: at})
 }
 
 func (b *broker) Close() error { return nil }

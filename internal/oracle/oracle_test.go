@@ -15,7 +15,16 @@ import (
 	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Sarama's metrics registry (the plain Kafka publisher) starts a
+		// ticker goroutine per meter it never stops.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		// A Sarama producer whose broker failed opens a circuit breaker
+		// whose timer sleeps out 10s after the producer is closed.
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"),
+	)
+}
 
 // Knobs of the run, from the environment:
 //
@@ -23,7 +32,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 //	OUTBOX_ORACLE_SEED       the first seed (default: from the clock, printed); with
 //	                         OUTBOX_ORACLE_HISTORIES=1 it replays one history
 //	OUTBOX_ORACLE_STEPS      steps per history (default 8)
-//	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default all)
+//	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default: every mode with
+//	                         the in-process broker, and the exactly-once modes):
+//	                         a mode's name alone runs it with the in-process broker,
+//	                         with -kafka through the plain Kafka publisher, with -eos
+//	                         through the exactly-once one (table-ordered-eos,
+//	                         log-rows-eos, log-only-eos)
+//	OUTBOX_ORACLE_EOS_HISTORIES  histories per exactly-once mode in the default run
+//	                         (default 3: each starts a Kafka cluster of its own)
 //	OUTBOX_ORACLE_WORKERS    histories run at once (default 6; a history mostly
 //	                         waits, so a long run on a big machine can use more)
 //	OUTBOX_ORACLE_PG_RESTARTS=1  PostgreSQL restarts among the steps (one history
@@ -32,7 +48,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 //	                         (fail:PROMISE: only those of that promise, such as fail:replay)
 const (
 	defaultHistories = 12
-	defaultSteps     = 8
+	// defaultEOSHistories is the default run's share of each
+	// exactly-once mode.
+	defaultEOSHistories = 3
+	defaultSteps        = 8
 	// shrinkRuns bounds the reruns spent shrinking one failing history.
 	shrinkRuns = 40
 	// defaultWorkers is how many histories run at once, each on its own
@@ -164,7 +183,29 @@ func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Vio
 // stats are a mode's figures over the run.
 type stats struct {
 	histories, deliveries, dups, stops, kills, pgRestarts, refused int
+	brokerFaults                                                   int
 	excused                                                        map[oracle.Promise]int
+}
+
+// target is a mode and the path its relays publish by.
+type target struct {
+	mode oracle.Mode
+	path oracle.Path
+}
+
+func (t target) String() string { return t.mode.String() + t.path.Suffix() }
+
+// targetNamed parses a target's name: a mode's, with a path's suffix.
+func targetNamed(name string) (target, bool) {
+	name = strings.TrimSpace(name)
+	for _, p := range []oracle.Path{oracle.InProcess, oracle.Kafka, oracle.ExactlyOnce} {
+		for _, m := range oracle.Modes {
+			if t := (target{m, p}); t.String() == name {
+				return t, p != oracle.ExactlyOnce || m.Ordered()
+			}
+		}
+	}
+	return target{}, false
 }
 
 // Every promise in every mode: generated histories run against the real
@@ -190,28 +231,46 @@ func TestOracle(t *testing.T) {
 		}
 		seed = s
 	}
-	modes := oracle.Modes
+	var modes []target
+	counts := map[target]int{}
 	if v := os.Getenv("OUTBOX_ORACLE_MODES"); v != "" {
-		modes = nil
 		for _, name := range strings.Split(v, ",") {
-			m, ok := modeNamed(name)
+			m, ok := targetNamed(name)
 			if !ok {
-				t.Fatalf("OUTBOX_ORACLE_MODES: unknown mode %q", name)
+				t.Fatalf("OUTBOX_ORACLE_MODES: unknown mode %q (the exactly-once path takes the ordered modes only)", name)
 			}
 			modes = append(modes, m)
+			counts[m] = histories
+		}
+	} else {
+		for _, m := range oracle.Modes {
+			modes = append(modes, target{m, oracle.InProcess})
+			counts[target{m, oracle.InProcess}] = histories
+		}
+		for _, m := range oracle.Modes {
+			if m.Ordered() && exactlyOnceBuilt {
+				modes = append(modes, target{m, oracle.ExactlyOnce})
+				counts[target{m, oracle.ExactlyOnce}] = envInt(t, "OUTBOX_ORACLE_EOS_HISTORIES", defaultEOSHistories)
+			}
 		}
 	}
-	t.Logf("seeds %d..%d, %d histories of %d steps per mode (OUTBOX_ORACLE_SEED=%d replays the first)", seed, seed+uint64(histories)-1, histories, steps, seed)
+	t.Logf("seeds from %d, %d histories of %d steps per mode (OUTBOX_ORACLE_SEED=%d replays the first)", seed, histories, steps, seed)
 	start := time.Now()
+	totals := &totalTable{rows: map[target]*stats{}}
 	// A history mostly waits (for settle points, scheduled events), so
 	// several run at once, across modes, whatever go test's -parallel says.
 	sem := make(chan struct{}, workers)
 	var modesWG sync.WaitGroup
-	for _, mode := range modes {
+	for _, tg := range modes {
+		mode, shape, histories := tg.mode, shape, counts[tg]
+		shape.Path = tg.path
 		modesWG.Go(func() {
-			t.Run(mode.String(), func(t *testing.T) {
+			t.Run(tg.String(), func(t *testing.T) {
 				if mode.Log() {
 					pgtest.Logical(t)
+				}
+				if tg.path == oracle.ExactlyOnce && !exactlyOnceBuilt {
+					t.Skip("the Kafka publisher has no exactly-once mode yet")
 				}
 				st := &stats{excused: map[oracle.Promise]int{}}
 				results := make([]result, histories)
@@ -237,6 +296,7 @@ func TestOracle(t *testing.T) {
 					st.kills += res.kills
 					st.pgRestarts += res.pgRestarts
 					st.refused += res.refused
+					st.brokerFaults += res.brokerFaults
 					bad, excused := failing(mode, res.violations)
 					for _, v := range excused {
 						st.excused[v.Promise]++
@@ -244,27 +304,27 @@ func TestOracle(t *testing.T) {
 					if len(bad) > 0 {
 						h := oracle.Generate(mode, seed+uint64(i), shape)
 						small, vs := shrink(t, h, bad[0].Promise)
-						t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s",
-							h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, mode)
+						t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s%s",
+							h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, tg, restartsFlag(shape))
 						return
 					}
 				}
-				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay kills, %d graceful stops, %d PostgreSQL restarts, %d log-only writes refused before the slot; known defects seen: %v",
-					mode, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.refused, st.excused)
+				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay kills, %d graceful stops, %d PostgreSQL restarts, %d broker faults, %d log-only writes refused before the slot; known defects seen: %v",
+					tg, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.brokerFaults, st.refused, st.excused)
+				totals.add(tg, st)
 			})
 		})
 	}
 	modesWG.Wait()
 	t.Logf("%d modes in %s", len(modes), time.Since(start).Round(100*time.Millisecond))
+	totals.print(t, modes, time.Since(start))
 }
 
-func modeNamed(name string) (oracle.Mode, bool) {
-	for _, m := range oracle.Modes {
-		if m.String() == strings.TrimSpace(name) {
-			return m, true
-		}
+func restartsFlag(s oracle.Shape) string {
+	if s.RestartPostgres {
+		return " OUTBOX_ORACLE_PG_RESTARTS=1"
 	}
-	return 0, false
+	return ""
 }
 
 func listViolations(vs []oracle.Violation) string {
@@ -419,4 +479,42 @@ func TestOracleRegressions(t *testing.T) {
 			})
 		})
 	}
+}
+
+// totalTable gathers each mode's figures, printed together at the end of a
+// run, the plain and exactly-once paths side by side.
+type totalTable struct {
+	mu   sync.Mutex
+	rows map[target]*stats
+}
+
+func (tb *totalTable) add(tg target, st *stats) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	tb.rows[tg] = st
+}
+
+func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "totals (%s):\n%-24s %9s %10s %10s %6s %6s %9s %13s\n", took.Round(time.Second),
+		"mode", "histories", "deliveries", "duplicates", "kills", "stops", "restarts", "broker-faults")
+	var all stats
+	for _, tg := range modes {
+		st := tb.rows[tg]
+		if st == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.brokerFaults)
+		all.histories += st.histories
+		all.deliveries += st.deliveries
+		all.dups += st.dups
+		all.kills += st.kills
+		all.stops += st.stops
+		all.pgRestarts += st.pgRestarts
+		all.brokerFaults += st.brokerFaults
+	}
+	fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d", "all", all.histories, all.deliveries, all.dups, all.kills, all.stops, all.pgRestarts, all.brokerFaults)
+	t.Log(b.String())
 }

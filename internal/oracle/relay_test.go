@@ -24,6 +24,10 @@ type relay struct {
 	pool  *pgxpool.Pool
 	table *core.Relay
 	log   *logrelay.Relay
+	// pub is the process's own Kafka publisher on a Kafka path (nil
+	// with the in-process broker): closed on a graceful stop, abandoned
+	// on a kill.
+	pub core.Publisher
 
 	cancel  context.CancelFunc
 	logDone chan error
@@ -55,12 +59,17 @@ func (d *driver) start() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
+	var pub core.Publisher = d.pub
+	if d.kafka != nil {
+		r.pub = d.kafka.publisher(d.t)
+		pub = &faulty{Publisher: r.pub, b: d.pub}
+	}
 	if !d.h.Mode.Log() {
 		st, err := table.New(r.pool, d.cfg, nil)
 		if err != nil {
 			d.t.Fatal(err)
 		}
-		if r.table, err = core.New(st, d.pub, ro); err != nil {
+		if r.table, err = core.New(st, pub, ro); err != nil {
 			d.t.Fatal(err)
 		}
 		if err := r.table.Start(ctx); err != nil {
@@ -81,7 +90,7 @@ func (d *driver) start() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	pair, err := logrelay.NewPair(r.pool, d.pub, lo, handoff, ro)
+	pair, err := logrelay.NewPair(r.pool, pub, lo, handoff, ro)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -123,6 +132,11 @@ func (d *driver) stop() {
 		}
 	}
 	r.pool.Close()
+	if r.pub != nil {
+		if err := r.pub.Close(); err != nil {
+			d.t.Errorf("close the kafka publisher: %v", err)
+		}
+	}
 }
 
 // kill stops the relay as a crash does: its database sessions end first

@@ -33,6 +33,9 @@ const (
 	PromiseOrder Promise = "order"
 	// The same, for events that went through the table path of log mode.
 	PromiseOrderHandoff Promise = "order-after-handoff"
+	// No event is delivered twice, but by an operator's replay (a new
+	// delivery by intent): checked only on the exactly-once path.
+	PromiseNoDuplicate Promise = "no-duplicate"
 )
 
 // Violation is one broken promise.
@@ -89,6 +92,7 @@ type simEvent struct {
 	everParked  bool
 	retried     bool
 	replayAfter int // a delivery after this counter is owed; 0 if none
+	replays     int // replays that made it pending again
 	everDone    bool
 	points      []point // at each settle point
 }
@@ -115,10 +119,17 @@ type Sim struct {
 	order  []int // labels in write order
 	marks  []int // the delivery counter at each settle point
 	held   []int // at the last settle point, the events the relay must have recorded held
+	// once: every delivery beyond the first of an event, not owed to a
+	// replay, breaks PromiseNoDuplicate.
+	once bool
 }
 
 // NewSim returns a model of mode with nothing written.
 func NewSim(mode Mode) *Sim { return &Sim{mode: mode, events: map[int]*simEvent{}} }
+
+// ExactlyOnce makes the model forbid duplicates: an event is delivered
+// once, and once more for each replay.
+func (s *Sim) ExactlyOnce() { s.once = true }
 
 // Wrote records an event's write.
 func (s *Sim) Wrote(spec EventSpec, w Written) {
@@ -159,6 +170,7 @@ func (s *Sim) Operate(st Step, mark int, row bool) {
 		if e.dispatched && e.spec.Producer.Row() {
 			e.dispatched = false
 			e.replayAfter = mark
+			e.replays++
 		}
 	}
 }
@@ -316,6 +328,13 @@ func (s *Sim) Check(record []Delivery) []Violation {
 				}
 			}
 			prev = p.st
+		}
+		if s.once && len(ds) > 1+e.replays {
+			counters := make([]int, len(ds))
+			for i, d := range ds {
+				counters[i] = d.Counter
+			}
+			add(PromiseNoDuplicate, "%s was delivered %d times (publishes %v), replayed %d times", e.spec, len(ds), counters, e.replays)
 		}
 		if !e.w.DeliverAt.IsZero() {
 			for _, d := range ds {
