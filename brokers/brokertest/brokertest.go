@@ -26,7 +26,6 @@ import (
 	"github.com/outboxhq/outbox/brokers"
 	"github.com/outboxhq/outbox/core"
 	"github.com/outboxhq/outbox/core/event"
-	"github.com/outboxhq/outbox/internal/memsource"
 )
 
 // Received is one message as it arrived at the broker.
@@ -66,7 +65,10 @@ type Harness struct {
 	Timeout time.Duration
 }
 
-// Run runs every case as a subtest.
+// Run runs every case as a subtest. A publisher that binds to its source
+// (core.Binder) is bound to an in-memory Settler for the cases that
+// publish directly, and given to the relay unbound, with a Settler as its
+// source, in the order case.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Open == nil || h.Read == nil {
@@ -93,6 +95,20 @@ type suite struct{ h Harness }
 // open returns a publisher whose topics are unique to this test, so cases
 // sharing one broker never read each other's messages.
 func (s suite) open(t *testing.T, r *brokers.Routing, topics ...string) (core.Publisher, string) {
+	t.Helper()
+	pub, prefix := s.openUnbound(t, r, topics...)
+	if b, ok := pub.(core.Binder); ok {
+		bound, err := b.Bind(NewSettler(prefix+"src", 4))
+		if err != nil {
+			t.Fatalf("brokertest: bind the publisher: %v", err)
+		}
+		return bound, prefix
+	}
+	return pub, prefix
+}
+
+// openUnbound is open without the binding: the relay binds.
+func (s suite) openUnbound(t *testing.T, r *brokers.Routing, topics ...string) (core.Publisher, string) {
 	t.Helper()
 	prefix := uniquePrefix()
 	r.TopicPrefix = prefix
@@ -367,8 +383,8 @@ func (s suite) unroutable(t *testing.T) {
 // aggregate's events arrive in id order.
 func (s suite) order(t *testing.T) {
 	const aggregates, perAggregate = 20, 50
-	pub, prefix := s.open(t, &brokers.Routing{}, "stock")
-	store := memsource.New()
+	pub, prefix := s.openUnbound(t, &brokers.Routing{}, "stock")
+	store := NewSettler(prefix+"src", 4)
 	// Interleave aggregates so every batch mixes them.
 	for i := range perAggregate {
 		for a := range aggregates {

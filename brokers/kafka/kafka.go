@@ -61,6 +61,24 @@ type Config struct {
 	SASLMechanism string `koanf:"sasl_mechanism"` // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; default none
 	SASLUser      string `koanf:"sasl_user"`
 	SASLPassword  string `koanf:"sasl_password"`
+
+	// ExactlyOnce publishes through transactional producers (franz-go),
+	// each unit's events and its progress record in one Kafka transaction,
+	// so read_committed consumers see each event once (see TxPublisher).
+	// It needs acks all, and a source that is a core.Settler.
+	ExactlyOnce bool `koanf:"exactly_once"`
+	// TransactionTimeout is how long the broker lets a transaction stay
+	// open before it aborts it, which also bounds how long a frozen
+	// relay's open transaction holds back read_committed consumers;
+	// default 60s, from 1s to 15m (the broker's default
+	// transaction.max.timeout.ms).
+	TransactionTimeout time.Duration `koanf:"transaction_timeout"`
+	// TransactionalIDPrefix starts each producer's transactional id,
+	// <prefix>.<source>.<unit>; default "outbox".
+	TransactionalIDPrefix string `koanf:"transactional_id_prefix"`
+	// ProgressTopicPrefix starts the name of each source's compacted
+	// progress topic, <prefix>.<source>; default "outbox.progress".
+	ProgressTopicPrefix string `koanf:"progress_topic_prefix"`
 }
 
 // String leaves the password out, so settings can be logged.
@@ -69,8 +87,8 @@ func (s Config) String() string {
 	if s.SASLPassword != "" {
 		pw = "(set)"
 	}
-	return fmt.Sprintf("kafka{brokers=%v acks=%s sasl=%s user=%q password=%s tls=%v}",
-		s.Brokers, s.Acks, s.SASLMechanism, s.SASLUser, pw, s.TLS)
+	return fmt.Sprintf("kafka{brokers=%v acks=%s sasl=%s user=%q password=%s tls=%v exactly_once=%v}",
+		s.Brokers, s.Acks, s.SASLMechanism, s.SASLUser, pw, s.TLS, s.ExactlyOnce)
 }
 
 func (s Config) withDefaults() Config {
@@ -84,6 +102,11 @@ func (s Config) withDefaults() Config {
 	def(&s.Acks, "all")
 	def(&s.Compression, "none")
 	def(&s.Partitioner, "murmur2")
+	def(&s.TransactionalIDPrefix, "outbox")
+	def(&s.ProgressTopicPrefix, "outbox.progress")
+	if s.TransactionTimeout == 0 {
+		s.TransactionTimeout = DefaultTransactionTimeout
+	}
 	if s.MaxMessageBytes == 0 {
 		s.MaxMessageBytes = 1000000
 	}
@@ -135,6 +158,18 @@ func (s Config) Validate() error {
 	case s.DialTimeout < 0:
 		return errors.New("kafka: dial_timeout is negative")
 	}
+	if s.ExactlyOnce && s.Acks != "all" {
+		return fmt.Errorf("kafka: exactly_once needs acks all, not %q", s.Acks)
+	}
+	if s.TransactionTimeout < time.Second || s.TransactionTimeout > MaxTransactionTimeout {
+		return fmt.Errorf("kafka: transaction_timeout: %s is not between 1s and %s", s.TransactionTimeout, MaxTransactionTimeout)
+	}
+	if err := checkName(s.TransactionalIDPrefix); err != nil {
+		return fmt.Errorf("kafka: transactional_id_prefix: %w", err)
+	}
+	if err := checkName(s.ProgressTopicPrefix); err != nil {
+		return fmt.Errorf("kafka: progress_topic_prefix: %w", err)
+	}
 	switch s.SASLMechanism {
 	case "":
 		if s.SASLUser != "" || s.SASLPassword != "" {
@@ -153,6 +188,23 @@ func (s Config) Validate() error {
 	return nil
 }
 
+// partitioner picks a key's partition on both paths, so the exactly-once
+// one sends each event where the plain one would.
+func (s Config) partitioner() sarama.PartitionerConstructor {
+	if s.Partitioner == "murmur2" {
+		return sarama.NewCustomPartitioner(sarama.WithAbsFirst(), sarama.WithCustomHashFunction(newMurmur2))
+	}
+	return sarama.NewHashPartitioner
+}
+
+// marshaler turns Watermill messages into Kafka messages on both paths:
+// the aggregate id is the key.
+func marshaler() wmkafka.Marshaler {
+	return wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+		return m.Metadata.Get(event.HeaderAggregateID), nil
+	})
+}
+
 func (s Config) sarama() (*sarama.Config, error) {
 	c := sarama.NewConfig()
 	c.ClientID = s.ClientID
@@ -169,10 +221,7 @@ func (s Config) sarama() (*sarama.Config, error) {
 	c.Producer.Compression = compressions[s.Compression]
 	c.Producer.MaxMessageBytes = s.MaxMessageBytes
 	c.Producer.Timeout = s.Timeout
-	c.Producer.Partitioner = sarama.NewHashPartitioner
-	if s.Partitioner == "murmur2" {
-		c.Producer.Partitioner = sarama.NewCustomPartitioner(sarama.WithAbsFirst(), sarama.WithCustomHashFunction(newMurmur2))
-	}
+	c.Producer.Partitioner = s.partitioner()
 	c.Net.DialTimeout = s.DialTimeout
 	c.Metadata.Retry.Max = 3
 	c.Metadata.Retry.Backoff = 250 * time.Millisecond
@@ -206,7 +255,8 @@ func (s Config) sarama() (*sarama.Config, error) {
 }
 
 // New connects to the cluster (an unreachable one is an error) and returns
-// a publisher routing events with topics.
+// a publisher routing events with topics. With ExactlyOnce it returns a
+// *TxPublisher, which the relay binds to its source (core.Binder).
 //
 // Sarama's calls take no context and retry on their own, each read bounded
 // only by its 30s read timeout, so a broker that accepts connections and
@@ -222,6 +272,9 @@ func New(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Logge
 	s = s.withDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if s.ExactlyOnce {
+		return NewTx(ctx, s, topics, log)
 	}
 	cfg, err := s.sarama()
 	if err != nil {
@@ -302,10 +355,8 @@ func (d *dialer) dial(ctx context.Context) (*wm.Link, error) {
 	pcfg := *cfg
 	pcfg.Metadata.RefreshFrequency = 0
 	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
-		Brokers: d.s.Brokers,
-		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(event.HeaderAggregateID), nil
-		}),
+		Brokers:               d.s.Brokers,
+		Marshaler:             marshaler(),
 		OverwriteSaramaConfig: &pcfg,
 	}, watermill.NewSlogLogger(d.log))
 	if err != nil {

@@ -78,15 +78,17 @@ func read(t *testing.T, addrs []string, topic string, n int) []brokertest.Receiv
 		if ctx.Err() != nil {
 			t.Fatalf("topic %s: %d records, want %d", topic, len(got), n)
 		}
-		f.EachRecord(func(r *kgo.Record) {
-			h := map[string]string{}
-			for _, kv := range r.Headers {
-				h[kv.Key] = string(kv.Value)
-			}
-			got = append(got, brokertest.Received{Key: string(r.Key), Headers: h, ContentType: h[event.HeaderContentType], Body: r.Value})
-		})
+		f.EachRecord(func(r *kgo.Record) { got = append(got, received(r)) })
 	}
 	return got[:n]
+}
+
+func received(r *kgo.Record) brokertest.Received {
+	h := map[string]string{}
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+	}
+	return brokertest.Received{Key: string(r.Key), Headers: h, ContentType: h[event.HeaderContentType], Body: r.Value}
 }
 
 func TestConformance(t *testing.T) {
