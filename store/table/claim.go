@@ -157,9 +157,10 @@ func (s *Source) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimR
 	var (
 		r              store.Row
 		within, passes bool
+		unit           int
 	)
 	dest := []any{&r.Seq, &r.ID, &r.AggregateID, &r.Type, &r.Payload, &r.PayloadBytes, &r.ContentType, &r.Topic, &r.Headers,
-		&r.CreatedAt, &r.Attempts, &r.Size, &within, &passes}
+		&r.CreatedAt, &r.Attempts, &r.Size, &within, &unit, &passes}
 	for rows.Next() {
 		// Cleared, so that no row's values can share memory with the last.
 		r = store.Row{}
@@ -182,6 +183,7 @@ func (s *Source) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimR
 			continue
 		}
 		e, err := r.Event(s.cfg.MaxEventBytes)
+		e.Unit = unit
 		if err != nil {
 			c.rejected = append(c.rejected, core.Rejection{Event: e, Err: err})
 			if rejectedAggs == nil {

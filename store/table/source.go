@@ -27,6 +27,7 @@ type Source struct {
 	sleeper                  sleeper
 	share                    share
 	handOff                  bool // log mode's table path: takes no table-mode lock (see Hold)
+	settle                   settler
 }
 
 // scanFrom is where unordered claims start their scan of pending seqs
@@ -106,7 +107,7 @@ SELECT ` + claimResult("") + `, true
 FROM cand c JOIN w ON w.seq = c.seq
 ORDER BY c.seq`
 	s := &Source{
-		pool: pool, cfg: cfg, n: n, log: log,
+		pool: pool, cfg: cfg, n: n, log: log, settle: newSettler(cfg),
 		claimUnordered: unordered,
 		markDone:       `UPDATE ` + n.Outbox + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1)`,
 		markFailed: `UPDATE ` + n.Outbox + ` AS o
@@ -133,6 +134,11 @@ func NewHandOff(pool *pgxpool.Pool, cfg store.Config, log *slog.Logger) (*Source
 		return nil, err
 	}
 	s.handOff = true
+	base, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s.settle = newSettler(base)
 	return s, nil
 }
 

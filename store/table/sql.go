@@ -36,7 +36,15 @@ func claimResult(gate string) string {
 	return `c.seq, c.event_id, c.aggregate_id::text, c.type,
        CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
        CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
-       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin + `,
+       ` + unitOf("c.")
+}
+
+// unitOf is the partition of the row whose columns have prefix p, as an
+// event's unit (core.Settler): computed for the rows a claim returns only,
+// it leaves the plan as it was.
+func unitOf(p string) string {
+	return "(hashtext(" + p + "aggregate_id) & 31)"
 }
 
 // orderedClaim is the ordered claim over partitions parts, or over every
@@ -115,7 +123,7 @@ WITH held AS MATERIALIZED (
 SELECT ` + claimResult("w.passes AND ") + `, w.passes
 FROM cand c JOIN w ON w.seq = c.seq
 UNION ALL
-SELECT seq, '', aggregate_id, '', NULL, NULL, NULL, NULL, NULL, now(), 0, 0, false, false
+SELECT seq, '', aggregate_id, '', NULL, NULL, NULL, NULL, NULL, now(), 0, 0, false, 0, false
 FROM skipped
 ORDER BY 1`
 }
