@@ -56,7 +56,8 @@ const (
 type result struct {
 	violations               []oracle.Violation
 	deliveries               int
-	duplicates               int // deliveries beyond one per event not owed to a replay
+	duplicates               int            // deliveries beyond one per event not owed to a replay
+	dupsBy                   map[string]int // duplicates by the last fault step before them
 	stops, kills, pgRestarts int
 	brokerFaults             int // Kafka cluster faults injected
 	refused                  int // transactions whose log-only write was refused
@@ -132,13 +133,33 @@ func run(t *testing.T, h oracle.History) result {
 	rec := d.pub.record(d.ids)
 	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused, brokerFaults: d.brokerFaults}
 	seen := map[string]int{}
+	res.dupsBy = map[string]int{}
 	for _, r := range rec {
 		seen[r.ID]++
-	}
-	for id, c := range seen {
-		res.duplicates += max(0, c-1-d.replayed[id])
+		if seen[r.ID] > 1+d.replayed[r.ID] {
+			res.duplicates++
+			res.dupsBy[d.faultBefore(r.Counter)]++
+		}
 	}
 	return res
+}
+
+// faultMark is a fault step and the delivery counter when it ran.
+type faultMark struct {
+	kind string
+	mark int
+}
+
+// faultBefore names the last fault step run before delivery counter c:
+// the one a duplicate delivered then is put down to.
+func (d *driver) faultBefore(c int) string {
+	what := "no fault"
+	for _, f := range d.faults {
+		if f.mark < c {
+			what = f.kind
+		}
+	}
+	return what
 }
 
 type driver struct {
@@ -164,6 +185,7 @@ type driver struct {
 	kills        int
 	pgRestarts   int
 	brokerFaults int
+	faults       []faultMark
 	replayed     map[string]int // replays per event id
 	txs          int            // producer transactions run
 	refused      int            // of them refused by the log write function
@@ -179,6 +201,15 @@ func (d *driver) idsByN() map[int]string {
 
 func (d *driver) step(s oracle.Step) {
 	d.t.Helper()
+	switch s.Kind {
+	case oracle.StopRelay, oracle.KillRelay, oracle.RestartPostgres, oracle.FailProduce, oracle.FailCommit:
+		kind := map[oracle.StepKind]string{oracle.StopRelay: "stop", oracle.KillRelay: "kill", oracle.RestartPostgres: "pg-restart",
+			oracle.FailProduce: "produce-fault", oracle.FailCommit: "commit-fault"}[s.Kind]
+		if s.Kind == oracle.FailProduce && s.Target == 3 {
+			kind = "produce-timeout"
+		}
+		d.faults = append(d.faults, faultMark{kind, d.pub.counter()})
+	}
 	switch s.Kind {
 	case oracle.Write:
 		d.write(s.Txs)

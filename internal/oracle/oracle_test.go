@@ -3,6 +3,7 @@ package oracle_test
 import (
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,6 +185,7 @@ func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Vio
 type stats struct {
 	histories, deliveries, dups, stops, kills, pgRestarts, refused int
 	brokerFaults                                                   int
+	dupsBy                                                         map[string]int
 	excused                                                        map[oracle.Promise]int
 }
 
@@ -272,7 +274,7 @@ func TestOracle(t *testing.T) {
 				if tg.path == oracle.ExactlyOnce && !exactlyOnceBuilt {
 					t.Skip("the Kafka publisher has no exactly-once mode yet")
 				}
-				st := &stats{excused: map[oracle.Promise]int{}}
+				st := &stats{excused: map[oracle.Promise]int{}, dupsBy: map[string]int{}}
 				results := make([]result, histories)
 				var wg sync.WaitGroup
 				for i := range histories {
@@ -297,6 +299,9 @@ func TestOracle(t *testing.T) {
 					st.pgRestarts += res.pgRestarts
 					st.refused += res.refused
 					st.brokerFaults += res.brokerFaults
+					for k, n := range res.dupsBy {
+						st.dupsBy[k] += n
+					}
 					bad, excused := failing(mode, res.violations)
 					for _, v := range excused {
 						st.excused[v.Promise]++
@@ -498,15 +503,15 @@ func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "totals (%s):\n%-24s %9s %10s %10s %6s %6s %9s %13s\n", took.Round(time.Second),
-		"mode", "histories", "deliveries", "duplicates", "kills", "stops", "restarts", "broker-faults")
+	fmt.Fprintf(&b, "totals (%s):\n%-24s %9s %10s %10s %6s %6s %9s %13s%s\n", took.Round(time.Second),
+		"mode", "histories", "deliveries", "duplicates", "kills", "stops", "restarts", "broker-faults", "  duplicates after (the last fault step before each)")
 	var all stats
 	for _, tg := range modes {
 		st := tb.rows[tg]
 		if st == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.brokerFaults)
+		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d  %s\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.brokerFaults, byFault(st.dupsBy))
 		all.histories += st.histories
 		all.deliveries += st.deliveries
 		all.dups += st.dups
@@ -517,4 +522,13 @@ func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
 	}
 	fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d", "all", all.histories, all.deliveries, all.dups, all.kills, all.stops, all.pgRestarts, all.brokerFaults)
 	t.Log(b.String())
+}
+
+func byFault(m map[string]int) string {
+	var parts []string
+	for k, n := range m {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
