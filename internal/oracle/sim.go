@@ -415,6 +415,12 @@ func (s *Sim) missing(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 	if e.mustBeRefused() {
 		return PromiseRefusedBeforeSlot // committed, when its write was to fail
 	}
+	// On the exactly-once path the publisher itself decides whether an
+	// event is in the broker already, so a replay owed and missing is put
+	// down to the replay first.
+	if s.once && e.points[k].after > 0 {
+		return PromiseReplay
+	}
 	// Checked before a replay's promise: a replayed event held back by a
 	// later one breaks this promise first.
 	if s.mode.Ordered() {
