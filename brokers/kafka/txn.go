@@ -434,13 +434,15 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 	defer u.mu.Unlock()
 	q := u.queue
 	u.queue = nil
+	if u.cl != nil { // not taken: the skip set is not known yet
+		q = u.skip(q, in)
+	}
+	// Decided after the skip: a runner that found only events committed
+	// already ends too, or the next enqueue would wait for it forever.
 	if len(q) == 0 && in == nil {
 		u.running = false
 	}
-	if u.cl == nil {
-		return q // not taken: the skip set is not known yet
-	}
-	return u.skip(q, in)
+	return q
 }
 
 // skip answers the events committed already and drops those the
