@@ -6,7 +6,9 @@
 // commit order, a held event holds back only the later events of its
 // aggregate until it is retried, a relay killed and restarted loses
 // nothing, a stalled broker bounds what the relay reads, and a graceful
-// stop records everything the broker took. A source's package runs it
+// stop records everything the broker took. A source that is a
+// core.Settler must also name its units and settle what was recorded,
+// and only that. A source's package runs it
 // from its tests with a Harness:
 //
 //	func TestSourceConformance(t *testing.T) { sourcetest.Run(t, myHarness{}) }
@@ -77,6 +79,7 @@ func Run(t *testing.T, h Harness) {
 		{"KillsLoseNothing", testKills},
 		{"StalledBrokerBoundsReading", testBackPressure},
 		{"StopRecordsWhatTheBrokerTook", testStop},
+		{"SettlerKnowsWhatWasRecorded", testSettler},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h.Open(t)) })
@@ -471,4 +474,138 @@ func (s *slow) Publish(ctx context.Context, e *core.Event) error {
 		return ctx.Err()
 	}
 	return s.broker.Publish(ctx, e)
+}
+
+// settling is a broker that binds to each relay's source, as a publisher
+// that records its progress with the broker does (core.Binder), and
+// keeps what each source was asked to publish.
+type settling struct {
+	*broker
+	mu    sync.Mutex
+	bound []*bound
+}
+
+func (s *settling) Bind(src core.Source) (core.Publisher, error) {
+	if st, ok := src.(core.Settler); ok {
+		st.Units() // such a publisher names what it owns at once
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := &bound{broker: s.broker, src: src}
+	s.bound = append(s.bound, b)
+	return b, nil
+}
+
+// settlers are the bound sources that are core.Settlers.
+func (s *settling) settlers() []*bound {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*bound
+	for _, b := range s.bound {
+		if _, ok := b.src.(core.Settler); ok {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// bound publishes one source's events and keeps those it was asked to
+// publish (tried) and those the broker took.
+type bound struct {
+	*broker
+	src   core.Source
+	mu    sync.Mutex
+	tried []core.Event
+	took  []core.Event
+}
+
+func (b *bound) Publish(ctx context.Context, e *core.Event) error {
+	b.mu.Lock()
+	b.tried = append(b.tried, *e)
+	b.mu.Unlock()
+	if err := b.broker.Publish(ctx, e); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.took = append(b.took, *e)
+	b.mu.Unlock()
+	return nil
+}
+
+func sentOf(evs []core.Event) []core.Sent {
+	out := make([]core.Sent, len(evs))
+	for i, e := range evs {
+		out[i] = core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID}
+	}
+	return out
+}
+
+// A source that is a core.Settler names its units, and every event it
+// gives has one of them. An event whose publish is still in flight is
+// unsettled: it was not recorded, so the source offers it again after a
+// kill; every event the broker took is settled once recorded, which
+// happens soon after.
+func testSettler(t *testing.T, in Instance) {
+	w := newWriter(t, in)
+	b := &settling{broker: &broker{stalled: make(chan struct{})}}
+	var ids []string
+	for i := range 10 {
+		ids = append(ids, w.write(2, fmt.Sprintf("u%d", i), fmt.Sprintf("u%d", i+10))...)
+	}
+	r := in.Start(t, b, nil)
+	defer stop(t, r)
+	waitFor(t, "publishes in flight", func() bool {
+		b.broker.mu.Lock()
+		defer b.broker.mu.Unlock()
+		return b.broker.inFlight > 0
+	})
+	srcs := b.settlers()
+	if len(srcs) == 0 {
+		t.Skip("the source is not a core.Settler")
+	}
+	ctx := context.Background()
+	for _, s := range srcs {
+		st := s.src.(core.Settler)
+		name, n := st.Units()
+		if name == "" || n < 1 {
+			t.Fatalf("Units() = %q, %d: want a name and at least one unit", name, n)
+		}
+		s.mu.Lock()
+		tried := slices.Clone(s.tried)
+		s.mu.Unlock()
+		for _, e := range tried {
+			if e.Unit < 0 || e.Unit >= n {
+				t.Errorf("event %s has unit %d, outside the source's %d", e.ID, e.Unit, n)
+			}
+		}
+		// The broker took none: none of them is recorded.
+		got, err := st.Unsettled(ctx, sentOf(tried))
+		if err != nil {
+			t.Fatalf("Unsettled: %v", err)
+		}
+		if len(got) != len(tried) {
+			t.Errorf("%d of %d events in flight are unsettled; all must be, none was recorded", len(got), len(tried))
+		}
+	}
+	close(b.broker.stalled)
+	b.broker.mu.Lock()
+	b.broker.stalled = nil
+	b.broker.mu.Unlock()
+	waitFor(t, "every event once the broker answers", func() bool { return delivered(b.broker, ids) })
+	waitFor(t, "every event the broker took to be settled", func() bool {
+		for _, s := range b.settlers() {
+			s.mu.Lock()
+			took := slices.Clone(s.took)
+			s.mu.Unlock()
+			got, err := s.src.(core.Settler).Unsettled(ctx, sentOf(took))
+			if err != nil {
+				t.Fatalf("Unsettled: %v", err)
+			}
+			if len(got) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	checkRecord(t, in, w.committed(), b.broker.events())
 }

@@ -29,7 +29,10 @@ type Source struct {
 	claimErr error
 }
 
-var _ core.Source = (*Source)(nil)
+var (
+	_ core.Source  = (*Source)(nil)
+	_ core.Settler = (*Source)(nil)
+)
 
 type row struct {
 	ev         core.Event
@@ -228,4 +231,21 @@ func (c *claim) end() error {
 		delete(c.s.claimed, e.Seq)
 	}
 	return nil
+}
+
+// Units implements core.Settler: one unit, every event's 0.
+func (s *Source) Units() (name string, n int) { return "memsource", 1 }
+
+// Unsettled implements core.Settler: those of sent whose event, the same
+// seq and id, is not dispatched.
+func (s *Source) Unsettled(_ context.Context, sent []core.Sent) ([]core.Sent, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []core.Sent
+	for _, e := range sent {
+		if r := s.rows[e.Seq]; r != nil && r.ev.ID == e.ID && !r.dispatched {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }

@@ -37,6 +37,9 @@ type Relay struct {
 	advanced atomic.Int64
 	failure  atomic.Pointer[string] // the last session's error; nil while streaming or standing by
 	current  atomic.Pointer[stream] // the session's stream while it reads the slot
+
+	unitsName string // core.Settler's name of the stream's unit
+	ledger    ledger // the log-only events read, for core.Settler
 }
 
 // New returns a relay reading the slot over pool's server and publishing
@@ -57,7 +60,8 @@ func New(pool *pgxpool.Pool, pub core.Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new log relay: %w", err)
 	}
-	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: sql}, nil
+	return &Relay{pool: pool, pub: pub, opts: o, log: o.Logger, obs: o.Observer, prefix: prefix, sql: sql,
+		unitsName: o.Store.Schema + "." + o.Store.Table + ".log"}, nil
 }
 
 // Options returns the relay's options with defaults filled in.
@@ -351,6 +355,7 @@ func (r *Relay) newStream(ctx context.Context, conn *pgconn.PgConn, start pglogr
 	if s.horizon, err = pglogrepl.ParseLSN(horizon); err != nil {
 		return nil, fmt.Errorf("read the server's WAL position: %w", err)
 	}
+	r.ledger.newSession(s.horizon)
 	// Listed only once the slot is this session's (see asHolder): a
 	// relay that held it before can have handed off events until then.
 	if s.handedOff, err = r.loadHandedOff(ctx); err != nil {

@@ -26,11 +26,18 @@ var (
 
 // Claim takes up to req.Limit buffered events, less the rows published
 // already (dropSent). The stream keeps each aggregate's order whatever
-// req says.
+// req says. When the rows cannot be looked up the claim fails, its
+// events back at the front of the buffer, in order: the engine claims
+// again after its error backoff.
 func (s *stream) Claim(ctx context.Context, req core.ClaimOptions) (core.Claim, error) {
 	for {
 		c := s.take(req.Limit)
-		if !c.dropSent(ctx) || len(c.items) > 0 {
+		dropped, err := c.dropSent(ctx)
+		if err != nil {
+			s.giveBack(c.items)
+			return nil, err
+		}
+		if !dropped || len(c.items) > 0 {
 			return c, nil
 		}
 	}
@@ -58,14 +65,27 @@ func (s *stream) take(limit int) *claim {
 	return c
 }
 
+// giveBack puts the events of a claim that failed back at the front of
+// the buffer, in their order. The engine makes one claim at a time, so
+// no later claim took events behind them meanwhile.
+func (s *stream) giveBack(items []*item) {
+	if len(items) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buffered = append(append(make([]*item, 0, len(items)+len(s.buffered)), items...), s.buffered...)
+}
+
 // dropSent leaves out, as done, the rows that a relay reading the slot
 // before this session published and marked dispatched but had not
 // confirmed when it stopped (killed, frozen past wal_sender_timeout, its
 // session failed): the slot gives them again, the table says they went
-// out. Only rows read from before the session's horizon are looked up;
-// when the lookup fails they are published again. It says whether it
-// left any out.
-func (c *claim) dropSent(ctx context.Context) bool {
+// out. Only rows read from before the session's horizon are looked up.
+// A lookup that fails fails the claim: publishing such a row again would
+// send a duplicate, which a publisher that sends each event once
+// (core.Settler) must never do. It says whether it left any out.
+func (c *claim) dropSent(ctx context.Context) (bool, error) {
 	var seqs []int64
 	for _, it := range c.items {
 		if it.row && it.maybeSent {
@@ -73,18 +93,18 @@ func (c *claim) dropSent(ctx context.Context) bool {
 		}
 	}
 	if len(seqs) == 0 {
-		return false
+		return false, nil
 	}
 	s := c.s
 	// Bounded: a server cut off would hold the claim, so the engine.
 	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
 	done, err := s.r.sql.dispatched(lctx, s.r.pool, seqs)
 	cancel()
-	if err != nil || len(done) == 0 {
-		if err != nil && ctx.Err() == nil {
-			s.r.log.Warn("log relay: rows read again after a takeover are published again: looking up which went out failed", "rows", len(seqs), "error", err)
-		}
-		return false
+	if err != nil {
+		return false, fmt.Errorf("look up %d rows read again after a takeover: %w", len(seqs), err)
+	}
+	if len(done) == 0 {
+		return false, nil
 	}
 	sent := make(map[int64]bool, len(done))
 	for _, seq := range done {
@@ -102,7 +122,7 @@ func (c *claim) dropSent(ctx context.Context) bool {
 	clear(c.items[len(kept):])
 	c.items = kept
 	s.r.log.Debug("log relay: rows read again, published already, left out", "rows", len(done))
-	return true
+	return true, nil
 }
 
 // claim is a run of events read from the stream.

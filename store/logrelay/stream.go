@@ -487,6 +487,7 @@ func (s *stream) apply(ctx context.Context, m pglogrepl.Message, at pglogrepl.LS
 			return errors.New("commit without begin in the replication stream")
 		}
 		s.tracker.commit(s.txn, m.TransactionEndLSN)
+		s.committed(s.txn, m.TransactionEndLSN)
 		s.txn = nil
 	case *pglogrepl.InsertMessage:
 		return s.insert(ctx, m, at)
@@ -527,6 +528,7 @@ func (s *stream) message(ctx context.Context, m *pglogrepl.LogicalDecodingMessag
 	}
 	it := decodeMessage(m, s.commitTime, s.r.opts.Store)
 	if s.txn != nil {
+		s.readMessage(it)
 		s.dispatch(ctx, it)
 		return
 	}
@@ -534,9 +536,28 @@ func (s *stream) message(ctx context.Context, m *pglogrepl.LogicalDecodingMessag
 	// at the message.
 	s.txn = s.tracker.begin()
 	it.ev.CreatedAt = time.Now()
+	s.readMessage(it)
 	s.dispatch(ctx, it)
 	s.tracker.commit(s.txn, m.LSN)
+	s.committed(s.txn, m.LSN)
 	s.txn = nil
+}
+
+// readMessage records a log-only event in the ledger, once a publisher
+// asks for it (core.Settler).
+func (s *stream) readMessage(it *item) {
+	if s.r.ledger.on.Load() {
+		s.r.ledger.read(it.ev.Seq)
+		s.txn.msgs = append(s.txn.msgs, it.ev.Seq)
+	}
+}
+
+// committed records in the ledger where the log-only events of x end.
+func (s *stream) committed(x *txn, end pglogrepl.LSN) {
+	if len(x.msgs) > 0 {
+		s.r.ledger.committed(x.msgs, end)
+		x.msgs = nil
+	}
 }
 
 // recordPositions writes the position of the last events done to the

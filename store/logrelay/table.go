@@ -26,6 +26,7 @@ type logTable struct {
 	insertUnreadableSQL                 string
 	recordSlotSQL, forgetSlotSQL        string
 	recordPositionSQL, positionSQL      string
+	settledSQL                          string
 	// handOffPrefix is the prefix of the logical messages by which
 	// replay, retry and unpark tell the log relay, in commit order, which
 	// aggregates they handed off (see parseHandOff).
@@ -50,6 +51,7 @@ func newLogTable(cfg store.Config) (*logTable, error) {
 	pending := `handoff_at IS NOT NULL AND dispatched_at IS NULL AND parked_at IS NULL`
 	return &logTable{
 		handOffPrefix: store.HandOffPrefix(cfg.Schema, cfg.Table),
+		settledSQL:    settledSQL(n),
 		// Another slot's position is no position of this one.
 		recordSlotSQL: `INSERT INTO ` + n.LogSlot + ` AS s (slot_name, publication) VALUES ($1, $2)
 ON CONFLICT (one) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,

@@ -25,6 +25,9 @@ type txn struct {
 	committed bool          // the commit message has arrived
 	remaining int           // events not done yet
 	events    int
+	// msgs are its log-only events' seqs, for the ledger; the reader's
+	// alone.
+	msgs []int64
 }
 
 func newTracker(start pglogrepl.LSN) *tracker { return &tracker{confirmed: start} }
