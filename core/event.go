@@ -18,6 +18,11 @@ type Event struct {
 	Headers     map[string]string // the event's own headers (trace context among them)
 	CreatedAt   time.Time
 	Attempts    int // failed publish attempts so far
+	// Replays is how many times an operator replayed the event (made it
+	// pending again after it was published): each replay is a new
+	// delivery, which a publisher that remembers what it sent must not
+	// take for the first.
+	Replays int
 	// Unit is the event's unit of ownership in a source that has them
 	// (Settler): from 0 to the source's count less one; 0 otherwise.
 	Unit int

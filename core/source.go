@@ -181,9 +181,12 @@ type Settler interface {
 	Unsettled(ctx context.Context, sent []Sent) ([]Sent, error)
 }
 
-// Sent names an event a publisher sent: its unit, seq and id.
+// Sent names an event a publisher sent: its unit, seq, id and replays
+// (Event.Replays), so that a replay made after the send is not taken for
+// the send.
 type Sent struct {
-	Unit int
-	Seq  int64
-	ID   string
+	Unit    int
+	Seq     int64
+	ID      string
+	Replays int
 }

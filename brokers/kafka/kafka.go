@@ -459,6 +459,10 @@ func SubscriberConfig(s Config, service string) (wmkafka.SubscriberConfig, error
 	}
 	c.Consumer.Return.Errors = true // Watermill logs them
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// Only committed transactions: what an exactly-once relay aborted
+	// (a fenced or crashed owner's) never reaches the handler. Records
+	// produced outside transactions are read as before.
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
 	return wmkafka.SubscriberConfig{
 		Brokers:               s.Brokers,
 		Unmarshaler:           wmkafka.DefaultMarshaler{},
