@@ -36,7 +36,9 @@ func Generate(mode Mode, seed uint64, shape Shape) History {
 			if s, ok = g.operator(); !ok {
 				continue
 			}
-		case shape.Path.Kafka() && x < 0.43:
+		case shape.Path.Kafka() && running && x < 0.39:
+			s = Step{Kind: Takeover}
+		case shape.Path.Kafka() && x < 0.45:
 			s = Step{Kind: FailProduce, Target: 1 + g.r.IntN(3)}
 			if shape.Path == ExactlyOnce && g.chance(0.5) {
 				s = Step{Kind: FailCommit, Target: 1 + g.r.IntN(2)}

@@ -60,6 +60,7 @@ type result struct {
 	dupsBy                   map[string]int // duplicates by the last fault step before them
 	stops, kills, pgRestarts int
 	brokerFaults             int // Kafka cluster faults injected
+	takeovers                int
 	refused                  int // transactions whose log-only write was refused
 }
 
@@ -131,7 +132,7 @@ func run(t *testing.T, h oracle.History) result {
 		}
 	}
 	rec := d.pub.record(d.ids)
-	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused, brokerFaults: d.brokerFaults}
+	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused, brokerFaults: d.brokerFaults, takeovers: d.takeovers}
 	seen := map[string]int{}
 	res.dupsBy = map[string]int{}
 	for _, r := range rec {
@@ -185,6 +186,7 @@ type driver struct {
 	kills        int
 	pgRestarts   int
 	brokerFaults int
+	takeovers    int
 	faults       []faultMark
 	replayed     map[string]int // replays per event id
 	txs          int            // producer transactions run
@@ -202,9 +204,9 @@ func (d *driver) idsByN() map[int]string {
 func (d *driver) step(s oracle.Step) {
 	d.t.Helper()
 	switch s.Kind {
-	case oracle.StopRelay, oracle.KillRelay, oracle.RestartPostgres, oracle.FailProduce, oracle.FailCommit:
+	case oracle.StopRelay, oracle.KillRelay, oracle.RestartPostgres, oracle.FailProduce, oracle.FailCommit, oracle.Takeover:
 		kind := map[oracle.StepKind]string{oracle.StopRelay: "stop", oracle.KillRelay: "kill", oracle.RestartPostgres: "pg-restart",
-			oracle.FailProduce: "produce-fault", oracle.FailCommit: "commit-fault"}[s.Kind]
+			oracle.FailProduce: "produce-fault", oracle.FailCommit: "commit-fault", oracle.Takeover: "takeover"}[s.Kind]
 		if s.Kind == oracle.FailProduce && s.Target == 3 {
 			kind = "produce-timeout"
 		}
@@ -232,6 +234,12 @@ func (d *driver) step(s oracle.Step) {
 			d.kills++
 		}
 		d.start()
+	case oracle.Takeover:
+		if d.relay == nil {
+			d.start()
+		}
+		d.takeover()
+		d.takeovers++
 	case oracle.FailProduce, oracle.FailCommit:
 		if d.kafka != nil {
 			d.kafka.fail(s)

@@ -189,6 +189,10 @@ const (
 	// commits (exactly-once only; Target is how many), before applying
 	// them: the publisher cannot tell whether its transaction committed.
 	FailCommit
+	// Takeover starts a second relay beside the running one, lets both
+	// run a moment, then kills the first (Kafka paths only): the units of
+	// ownership move to the newcomer while the old owner still publishes.
+	Takeover
 )
 
 // Step is one step of a history.
@@ -226,9 +230,14 @@ func (s Step) String() string {
 	case Replay:
 		return fmt.Sprintf("replay #%d", s.Target)
 	case FailProduce:
+		if s.Target == 3 {
+			return "kafka takes the next produce request and answers it timed out"
+		}
 		return fmt.Sprintf("kafka fails the next %d produce request(s)", s.Target)
 	case FailCommit:
 		return fmt.Sprintf("kafka fails the next %d transaction commit(s)", s.Target)
+	case Takeover:
+		return "start a second relay beside it, then kill the first"
 	}
 	return fmt.Sprintf("step kind %d", s.Kind)
 }

@@ -134,6 +134,14 @@ func (k *kafkaSide) abandon(pub core.Publisher) {
 	k.abandoned = append(k.abandoned, pub)
 }
 
+// leave keeps a killed relay's publisher running, unsilenced, until the
+// history's end.
+func (k *kafkaSide) leave(pub core.Publisher) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.abandoned = append(k.abandoned, pub)
+}
+
 // closeAbandoned closes the publishers of killed relays; the cluster
 // still swallows their requests, so nothing they left open ends by it.
 func (k *kafkaSide) closeAbandoned() {

@@ -196,7 +196,7 @@ func failing(mode target, vs []oracle.Violation) (bad, excused []oracle.Violatio
 // stats are a mode's figures over the run.
 type stats struct {
 	histories, deliveries, dups, stops, kills, pgRestarts, refused int
-	brokerFaults                                                   int
+	brokerFaults, takeovers                                        int
 	dupsBy                                                         map[string]int
 	excused                                                        map[oracle.Promise]int
 }
@@ -311,6 +311,7 @@ func TestOracle(t *testing.T) {
 					st.pgRestarts += res.pgRestarts
 					st.refused += res.refused
 					st.brokerFaults += res.brokerFaults
+					st.takeovers += res.takeovers
 					for k, n := range res.dupsBy {
 						st.dupsBy[k] += n
 					}
@@ -516,15 +517,15 @@ func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "totals (%s):\n%-24s %9s %10s %10s %6s %6s %9s %13s%s\n", took.Round(time.Second),
-		"mode", "histories", "deliveries", "duplicates", "kills", "stops", "restarts", "broker-faults", "  duplicates after (the last fault step before each)")
+	fmt.Fprintf(&b, "totals (%s):\n%-24s %9s %10s %10s %6s %9s %6s %9s %13s%s\n", took.Round(time.Second),
+		"mode", "histories", "deliveries", "duplicates", "kills", "takeovers", "stops", "restarts", "broker-faults", "  duplicates after (the last fault step before each)")
 	var all stats
 	for _, tg := range modes {
 		st := tb.rows[tg]
 		if st == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d  %s\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.brokerFaults, byFault(st.dupsBy))
+		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %9d %6d %9d %13d  %s\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.takeovers, st.stops, st.pgRestarts, st.brokerFaults, byFault(st.dupsBy))
 		all.histories += st.histories
 		all.deliveries += st.deliveries
 		all.dups += st.dups
@@ -532,8 +533,9 @@ func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
 		all.stops += st.stops
 		all.pgRestarts += st.pgRestarts
 		all.brokerFaults += st.brokerFaults
+		all.takeovers += st.takeovers
 	}
-	fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %6d %9d %13d", "all", all.histories, all.deliveries, all.dups, all.kills, all.stops, all.pgRestarts, all.brokerFaults)
+	fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %9d %6d %9d %13d", "all", all.histories, all.deliveries, all.dups, all.kills, all.takeovers, all.stops, all.pgRestarts, all.brokerFaults)
 	t.Log(b.String())
 }
 
