@@ -632,7 +632,7 @@ func (b *broker) Publish(ctx context.Context, e *core.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b.addLocked(e.ID, time.Now())
+	b.addLocked(e.ID, time.Now(), "")
 	return nil
 }
 
@@ -656,14 +656,14 @@ func (b *broker) admitLocked(id string) error {
 }
 
 // add records a delivery: on a Kafka path, a record the consumer read.
-func (b *broker) add(id string, at time.Time) {
+func (b *broker) add(id string, at time.Time, via string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.addLocked(id, at)
+	b.addLocked(id, at, via)
 }
 
-func (b *broker) addLocked(id string, at time.Time) {
-	b.got = append(b.got, oracle.Delivery{ID: id, Counter: len(b.got) + 1, At: at})
+func (b *broker) addLocked(id string, at time.Time, via string) {
+	b.got = append(b.got, oracle.Delivery{ID: id, Counter: len(b.got) + 1, At: at, Via: via})
 }
 
 func (b *broker) Close() error { return nil }

@@ -2,6 +2,7 @@ package oracle_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -41,6 +42,7 @@ type kafkaSide struct {
 	// from then on: a killed process sends nothing more, so what it
 	// left open stays open until its successor fences it.
 	seen, dead map[producer]bool
+	txnIDs     map[int64]string // producer id -> transactional id, from the produce requests
 	abandoned  []core.Publisher
 }
 
@@ -56,7 +58,7 @@ func newKafkaSide(t *testing.T, path oracle.Path, b *broker) *kafkaSide {
 	if err != nil {
 		t.Fatalf("start kafka: %v", err)
 	}
-	k := &kafkaSide{path: path, cluster: c, done: make(chan struct{}), seen: map[producer]bool{}, dead: map[producer]bool{}}
+	k := &kafkaSide{path: path, cluster: c, done: make(chan struct{}), seen: map[producer]bool{}, dead: map[producer]bool{}, txnIDs: map[int64]string{}}
 	c.Control(k.control)
 	k.reader, err = kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -87,9 +89,19 @@ func (k *kafkaSide) read(ctx context.Context, b *broker) {
 					id = string(h.Value)
 				}
 			}
-			b.add(id, r.Timestamp)
+			b.add(id, r.Timestamp, fmt.Sprintf("p%d@%d by %s", r.Partition, r.Offset, k.producerName(r.ProducerID, r.ProducerEpoch)))
 		})
 	}
+}
+
+// producerName names a producer by its transactional id and epoch.
+func (k *kafkaSide) producerName(id int64, epoch int16) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if t, ok := k.txnIDs[id]; ok {
+		return fmt.Sprintf("%s epoch %d", t, epoch)
+	}
+	return fmt.Sprintf("producer %d epoch %d", id, epoch)
 }
 
 // stop ends the consumer and the cluster; safe to call twice.
@@ -163,6 +175,11 @@ func (k *kafkaSide) control(req kmsg.Request) (kmsg.Response, error, bool) {
 	ps := producers(req)
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if r, ok := req.(*kmsg.ProduceRequest); ok && r.TransactionID != nil {
+		for _, p := range ps {
+			k.txnIDs[p.id] = *r.TransactionID
+		}
+	}
 	for _, p := range ps {
 		if k.dead[p] {
 			return nil, nil, true // no answer: the sender is gone

@@ -71,6 +71,10 @@ type Delivery struct {
 	ID      string
 	Counter int
 	At      time.Time
+	// Via says, where the broker tells, what made the delivery (on Kafka:
+	// the partition and offset, the producer's transactional id and
+	// epoch): for reading a violation.
+	Via string
 }
 
 type status int
@@ -330,11 +334,19 @@ func (s *Sim) Check(record []Delivery) []Violation {
 			prev = p.st
 		}
 		if s.once && len(ds) > 1+e.replays {
-			counters := make([]int, len(ds))
-			for i, d := range ds {
-				counters[i] = d.Counter
+			var pubs []string
+			for _, d := range ds {
+				p := fmt.Sprint(d.Counter)
+				if d.Via != "" {
+					p += " " + d.Via
+				}
+				pubs = append(pubs, p)
 			}
-			add(PromiseNoDuplicate, "%s was delivered %d times (publishes %v), replayed %d times", e.spec, len(ds), counters, e.replays)
+			handedOff := ""
+			if e.handedOff {
+				handedOff = ", handed off to the table"
+			}
+			add(PromiseNoDuplicate, "%s was delivered %d times (publishes %s), replayed %d times%s", e.spec, len(ds), strings.Join(pubs, "; "), e.replays, handedOff)
 		}
 		if !e.w.DeliverAt.IsZero() {
 			for _, d := range ds {
