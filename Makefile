@@ -72,14 +72,14 @@ bench-quick: ## small benchmark sizes, printed only
 ORACLE_EOS_HISTORIES ?= 700
 ORACLE_EOS_MODES ?= table-ordered-eos,log-rows-eos,log-only-eos
 oracle-eos: ## the oracle's exactly-once modes, ORACLE_EOS_HISTORIES (700) histories each, with totals
-	$(SERVICES) --no-rabbitmq bash -o pipefail -c 'OUTBOX_ORACLE_MODES=$(ORACLE_EOS_MODES) OUTBOX_ORACLE_HISTORIES=$(ORACLE_EOS_HISTORIES) \
+	$(SERVICES) --no-rabbitmq bash -o pipefail -c 'OUTBOX_ORACLE_KEEP_GOING=1 OUTBOX_ORACLE_MODES=$(ORACLE_EOS_MODES) OUTBOX_ORACLE_HISTORIES=$(ORACLE_EOS_HISTORIES) \
 		$(GO) test -count=1 -timeout 3h -run "TestOracle$$" -v ./internal/oracle/ | grep -v -e "^=== " -e "^ *--- PASS"'
 
 # PostgreSQL restarts need a server of the run's own (a throwaway one,
 # whatever OUTBOX_TEST_DATABASE_URL names) and one history at a time.
 ORACLE_EOS_RESTART_HISTORIES ?= 30
 oracle-eos-restarts: ## the exactly-once modes with PostgreSQL restarts, ORACLE_EOS_RESTART_HISTORIES (30) each
-	env -u OUTBOX_TEST_DATABASE_URL -u OUTBOX_TEST_PG_DATA $(SERVICES) --no-rabbitmq bash -o pipefail -c 'OUTBOX_ORACLE_PG_RESTARTS=1 \
+	env -u OUTBOX_TEST_DATABASE_URL -u OUTBOX_TEST_PG_DATA $(SERVICES) --no-rabbitmq bash -o pipefail -c 'OUTBOX_ORACLE_KEEP_GOING=1 OUTBOX_ORACLE_PG_RESTARTS=1 \
 		OUTBOX_ORACLE_MODES=$(ORACLE_EOS_MODES) OUTBOX_ORACLE_HISTORIES=$(ORACLE_EOS_RESTART_HISTORIES) \
 		$(GO) test -count=1 -timeout 3h -run "TestOracle$$" -v ./internal/oracle/ | grep -v -e "^=== " -e "^ *--- PASS"'
 

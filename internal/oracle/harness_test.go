@@ -332,6 +332,9 @@ func (d *driver) operate(s oracle.Step) {
 	case oracle.Replay:
 		n, err = d.ops.Replay(ctx, sel, admin.ReplayOptions{})
 		d.replayed[id] += int(n)
+		for range n {
+			d.sim.Replayed(s.Target)
+		}
 	}
 	if err != nil {
 		d.t.Fatalf("%s: %v", s, err)

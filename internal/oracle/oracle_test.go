@@ -45,6 +45,8 @@ func TestMain(m *testing.M) {
 //	                         waits, so a long run on a big machine can use more)
 //	OUTBOX_ORACLE_PG_RESTARTS=1  PostgreSQL restarts among the steps (one history
 //	                         at a time, on a server started by scripts/services.sh)
+//	OUTBOX_ORACLE_KEEP_GOING=1  a history that breaks a promise is reported with
+//	                         its seed, not shrunk, and the run goes on to its totals
 //	OUTBOX_ORACLE_KNOWN=fail report the known defects as failures, and shrink them
 //	                         (fail:PROMISE: only those of that promise, such as fail:replay)
 const (
@@ -208,6 +210,7 @@ type stats struct {
 	histories, deliveries, dups, stops, kills, pgRestarts, refused int
 	brokerFaults, takeovers                                        int
 	dupsBy                                                         map[string]int
+	failed                                                         []uint64 // seeds that broke a promise (with OUTBOX_ORACLE_KEEP_GOING)
 	excused                                                        map[oracle.Promise]int
 }
 
@@ -241,6 +244,7 @@ func TestOracle(t *testing.T) {
 	steps := envInt(t, "OUTBOX_ORACLE_STEPS", defaultSteps)
 	shape := oracle.Shape{Steps: steps, RestartPostgres: os.Getenv("OUTBOX_ORACLE_PG_RESTARTS") == "1"}
 	workers := envInt(t, "OUTBOX_ORACLE_WORKERS", defaultWorkers)
+	keepGoing := os.Getenv("OUTBOX_ORACLE_KEEP_GOING") == "1"
 	if shape.RestartPostgres {
 		if os.Getenv(envPGData) == "" {
 			t.Fatalf("OUTBOX_ORACLE_PG_RESTARTS=1 needs a server of the run's own: run it under scripts/services.sh")
@@ -309,7 +313,7 @@ func TestOracle(t *testing.T) {
 					})
 				}
 				wg.Wait()
-				if t.Failed() {
+				if t.Failed() && !keepGoing {
 					return
 				}
 				for i, res := range results {
@@ -328,6 +332,12 @@ func TestOracle(t *testing.T) {
 					bad, excused := failing(tg, res.violations)
 					for _, v := range excused {
 						st.excused[v.Promise]++
+					}
+					if len(bad) > 0 && keepGoing {
+						st.failed = append(st.failed, seed+uint64(i))
+						t.Errorf("seed %d broke %d promise(s):\n%sreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s%s",
+							seed+uint64(i), len(bad), listViolations(bad), seed+uint64(i), steps, tg, restartsFlag(shape))
+						continue
 					}
 					if len(bad) > 0 {
 						h := oracle.Generate(mode, seed+uint64(i), shape)
@@ -536,6 +546,9 @@ func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
 			continue
 		}
 		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %9d %6d %9d %13d  %s\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.takeovers, st.stops, st.pgRestarts, st.brokerFaults, byFault(st.dupsBy))
+		if len(st.failed) > 0 {
+			fmt.Fprintf(&b, "%-24s failing seeds: %v\n", "", st.failed)
+		}
 		all.histories += st.histories
 		all.deliveries += st.deliveries
 		all.dups += st.dups

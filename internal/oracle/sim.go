@@ -174,8 +174,16 @@ func (s *Sim) Operate(st Step, mark int, row bool) {
 		if e.dispatched && e.spec.Producer.Row() {
 			e.dispatched = false
 			e.replayAfter = mark
-			e.replays++
 		}
+	}
+}
+
+// Replayed records that an operator's replay made event n pending again
+// (whether or not the model knew it dispatched: a relay stopped since
+// may have published it): one more delivery of it is no duplicate.
+func (s *Sim) Replayed(n int) {
+	if e := s.events[n]; e != nil {
+		e.replays++
 	}
 }
 

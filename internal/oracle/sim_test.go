@@ -486,6 +486,7 @@ func TestSimExactlyOnce(t *testing.T) {
 		f.write(true, e(1, 1, GoRows))
 		f.settle(true, 1)
 		f.op(Replay, 1)
+		f.s.Replayed(1)
 		f.settle(true, 1)
 		f.want()
 		f.deliver(1)
