@@ -22,6 +22,7 @@ type Row struct {
 	Headers               *string // the headers' JSON as stored
 	CreatedAt             time.Time
 	Attempts              int
+	Replays               int   // times an operator replayed it (migration 14)
 	Size                  int64 // payload and headers in bytes, as stored
 }
 
@@ -33,7 +34,7 @@ type Row struct {
 // relay to hold it.
 func (r *Row) Event(maxEventBytes int) (core.Event, error) {
 	e := core.Event{Seq: r.Seq, ID: r.ID, AggregateID: r.AggregateID, Type: r.Type,
-		Payload: r.Payload, CreatedAt: r.CreatedAt, Attempts: r.Attempts}
+		Payload: r.Payload, CreatedAt: r.CreatedAt, Attempts: r.Attempts, Replays: r.Replays}
 	if e.Payload == nil {
 		e.Payload = r.PayloadBytes
 	}

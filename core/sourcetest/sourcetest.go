@@ -535,7 +535,7 @@ func (b *bound) Publish(ctx context.Context, e *core.Event) error {
 func sentOf(evs []core.Event) []core.Sent {
 	out := make([]core.Sent, len(evs))
 	for i, e := range evs {
-		out[i] = core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID}
+		out[i] = core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID, Replays: e.Replays}
 	}
 	return out
 }

@@ -237,13 +237,13 @@ func (c *claim) end() error {
 func (s *Source) Units() (name string, n int) { return "memsource", 1 }
 
 // Unsettled implements core.Settler: those of sent whose event, the same
-// seq and id, is not dispatched.
+// seq, id and replays, is not dispatched.
 func (s *Source) Unsettled(_ context.Context, sent []core.Sent) ([]core.Sent, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []core.Sent
 	for _, e := range sent {
-		if r := s.rows[e.Seq]; r != nil && r.ev.ID == e.ID && !r.dispatched {
+		if r := s.rows[e.Seq]; r != nil && r.ev.ID == e.ID && r.ev.Replays == e.Replays && !r.dispatched {
 			out = append(out, e)
 		}
 	}

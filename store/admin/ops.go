@@ -177,8 +177,11 @@ func (s *Admin) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (i
 	} else {
 		// Row locks in id order, as claims take them; attempts and errors
 		// start afresh so the replay is not held back by an old failure.
+		// replays counts it: a new delivery, which a publisher that
+		// remembers its sends must not take for the first (core.Sent).
 		// handoff_at: see handOff.
 		sql = s.handingOff(`UPDATE ` + t + ` o SET dispatched_at = NULL, retry_at = NULL, attempts = 0, last_error = NULL, failed_at = NULL,
+        replays = o.replays + 1,
         ` + handOff + `
     FROM (` + match + ` FOR UPDATE) m WHERE o.seq = m.seq RETURNING o.aggregate_id, o.seq`)
 	}

@@ -110,6 +110,9 @@ func rowFromText(col map[string]*string, commit time.Time) (row store.Row, bad [
 	if v := col["attempts"]; v != nil {
 		row.Attempts, _ = strconv.Atoi(*v)
 	}
+	if v := col["replays"]; v != nil {
+		row.Replays, _ = strconv.Atoi(*v)
+	}
 	row.Size = int64(len(row.Payload) + len(row.PayloadBytes))
 	if row.Headers != nil {
 		row.Size += int64(len(*row.Headers))

@@ -149,9 +149,9 @@ func (s *stream) Units() (name string, n int) {
 }
 
 // Unsettled implements core.Settler (see the top of this file): a row
-// found at its seq with its id is unsettled while it is not dispatched;
-// any other event while a new session would resume before the end of
-// its transaction. One statement looks the rows up by primary key and
+// found at its seq with its id is unsettled while it is not dispatched
+// and not replayed since (Sent.Replays); any other event while a new
+// session would resume before the end of its transaction. One statement looks the rows up by primary key and
 // reads both positions.
 func (s *stream) Unsettled(ctx context.Context, sent []core.Sent) ([]core.Sent, error) {
 	r := s.r
@@ -179,8 +179,8 @@ func (s *stream) Unsettled(ctx context.Context, sent []core.Sent) ([]core.Sent, 
 	}
 	var out []core.Sent
 	for _, e := range sent {
-		pending, row := st.rows[rowKey{e.Seq, e.ID}]
-		if (row && pending) || (!row && keep[e.Seq]) {
+		r, row := st.rows[rowKey{e.Seq, e.ID}]
+		if (row && r.pending && r.replays == e.Replays) || (!row && keep[e.Seq]) {
 			out = append(out, e)
 		}
 	}
@@ -195,8 +195,14 @@ type rowKey struct {
 
 // settledState is what Unsettled reads from the server.
 type settledState struct {
-	rows        map[rowKey]bool // found by seq, whether not dispatched
+	rows        map[rowKey]rowState // found by seq
 	resume, wal pglogrepl.LSN
+}
+
+// rowState is a row's state for Unsettled.
+type rowState struct {
+	pending bool // not dispatched
+	replays int
 }
 
 // settledSQL reads the rows seqs ($1), whether each is dispatched, the
@@ -204,14 +210,14 @@ type settledState struct {
 // recorded (NULL when either is missing, or the recorded one is not this
 // cluster's), and the WAL position.
 func settledSQL(n store.Names) string {
-	return `SELECT r.seqs, r.ids, r.pending,
+	return `SELECT r.seqs, r.ids, r.pending, r.replays,
     (SELECT CASE WHEN s.confirmed_flush_lsn IS NOT NULL AND p.confirmed_lsn IS NOT NULL
             THEN least(s.confirmed_flush_lsn, p.confirmed_lsn)::text END
      FROM pg_replication_slots s, ` + n.LogSlot + ` p
      WHERE s.slot_name = $2 AND p.slot_name = $2 AND p.confirmed_lsn <= pg_current_wal_lsn()),
     pg_current_wal_lsn()::text
 FROM (SELECT COALESCE(array_agg(seq), '{}') AS seqs, COALESCE(array_agg(event_id::text), '{}') AS ids,
-        COALESCE(array_agg(dispatched_at IS NULL), '{}') AS pending
+        COALESCE(array_agg(dispatched_at IS NULL), '{}') AS pending, COALESCE(array_agg(replays), '{}') AS replays
       FROM ` + n.Outbox + ` WHERE seq = ANY($1::bigint[])) r`
 }
 
@@ -221,16 +227,17 @@ func (l *logTable) settled(ctx context.Context, db querier, slot string, seqs []
 		found   []int64
 		ids     []string
 		pending []bool
+		replays []int
 		resume  *string
 		wal     string
 		st      settledState
 	)
-	if err := db.QueryRow(ctx, l.settledSQL, seqs, slot).Scan(&found, &ids, &pending, &resume, &wal); err != nil {
+	if err := db.QueryRow(ctx, l.settledSQL, seqs, slot).Scan(&found, &ids, &pending, &replays, &resume, &wal); err != nil {
 		return st, err
 	}
-	st.rows = make(map[rowKey]bool, len(found))
+	st.rows = make(map[rowKey]rowState, len(found))
 	for i, seq := range found {
-		st.rows[rowKey{seq, ids[i]}] = pending[i]
+		st.rows[rowKey{seq, ids[i]}] = rowState{pending: pending[i], replays: replays[i]}
 	}
 	var err error
 	if st.wal, err = pglogrepl.ParseLSN(wal); err != nil {

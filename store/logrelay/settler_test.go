@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/store/admin"
 )
 
 // binding is a publisher that keeps the sources the relays bind it to
@@ -73,7 +74,7 @@ func (b *binding) sentOf(t *testing.T, ids []string) []core.Sent {
 			if e.Unit != 0 {
 				t.Errorf("event %s has unit %d; the stream has one, 0", e.ID, e.Unit)
 			}
-			out = append(out, core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID})
+			out = append(out, core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID, Replays: e.Replays})
 			delete(want, e.ID)
 		}
 	}
@@ -159,4 +160,23 @@ func TestStreamUnsettled(t *testing.T) {
 		}
 		return len(got) == 0 && pub.distinct()[last[0]] > 0
 	})
+
+	// A replayed row is a new delivery, for the table path: the send
+	// before it is settled, the replay's is not until recorded.
+	ad, err := admin.New(e.pool, e.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ad.Replay(ctx, admin.Selector{Seqs: []int64{rowSent[0].Seq}}, admin.ReplayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	replay := rowSent[0]
+	replay.Replays++
+	got, err = st.Unsettled(ctx, []core.Sent{rowSent[0], replay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]core.Sent{replay}) {
+		t.Fatalf("after a replay Unsettled = %v, want only the replay's send %v", got, replay)
+	}
 }

@@ -137,7 +137,7 @@ var lockRules = []struct {
 	{regexp.MustCompile(`^ALTER INDEX `), Lock{"SHARE UPDATE EXCLUSIVE", false, "on the index, brief"}},
 	{regexp.MustCompile(`^(WITH .* )?UPDATE `), Lock{"ROW EXCLUSIVE", false, "row locks on the rows it changes"}},
 	{regexp.MustCompile(`^VACUUM `), Lock{"SHARE UPDATE EXCLUSIVE", false, "while the table is vacuumed"}},
-	{regexp.MustCompile(`^CREATE VIEW `), Lock{"ACCESS SHARE", false, "brief"}},
+	{regexp.MustCompile(`^CREATE (OR REPLACE )?VIEW `), Lock{"ACCESS SHARE", false, "brief"}},
 	{regexp.MustCompile(`^(CREATE( OR REPLACE)?|DROP) FUNCTION `), Lock{"", false, "a function"}},
 }
 

@@ -160,7 +160,7 @@ func (s *Source) readClaim(rows pgx.Rows, req core.ClaimOptions) (*claim, claimR
 		unit           int
 	)
 	dest := []any{&r.Seq, &r.ID, &r.AggregateID, &r.Type, &r.Payload, &r.PayloadBytes, &r.ContentType, &r.Topic, &r.Headers,
-		&r.CreatedAt, &r.Attempts, &r.Size, &within, &unit, &passes}
+		&r.CreatedAt, &r.Attempts, &r.Replays, &r.Size, &within, &unit, &passes}
 	for rows.Next() {
 		// Cleared, so that no row's values can share memory with the last.
 		r = store.Row{}

@@ -30,7 +30,7 @@ func newSettler(cfg store.Config) settler {
 	// rows (see claimStillPending).
 	return settler{
 		name:      cfg.Schema + "." + cfg.Table,
-		unsettled: `SELECT seq, event_id::text, dispatched_at IS NULL FROM ` + cfg.Names().Outbox + ` WHERE seq = ANY($1::bigint[])`,
+		unsettled: `SELECT seq, event_id::text, replays, dispatched_at IS NULL FROM ` + cfg.Names().Outbox + ` WHERE seq = ANY($1::bigint[])`,
 	}
 }
 
@@ -39,11 +39,13 @@ func newSettler(cfg store.Config) settler {
 func (s *Source) Units() (name string, n int) { return s.settle.name, Partitions }
 
 // Unsettled implements core.Settler: those of sent whose row is still
-// pending, the same seq with the same event id and not dispatched,
-// whatever else it is (parked, held, retrying: an operator can make it
-// claimable again). A row gone, or a seq that holds another event, is
-// settled: the source has nothing it could offer again under that
-// event's seq. One statement by primary key.
+// pending, the same seq with the same event id and replays, and not
+// dispatched, whatever else it is (parked, held, retrying: an operator
+// can make it claimable again). A row gone, or a seq that holds another
+// event, is settled: the source has nothing it could offer again under
+// that event's seq. So is a row replayed since the send: what the
+// source offers now is the replay, a new delivery. One statement by
+// primary key.
 func (s *Source) Unsettled(ctx context.Context, sent []core.Sent) ([]core.Sent, error) {
 	if len(sent) == 0 {
 		return nil, nil
@@ -58,34 +60,40 @@ func (s *Source) Unsettled(ctx context.Context, sent []core.Sent) ([]core.Sent, 
 	}
 	var out []core.Sent
 	for _, e := range sent {
-		if id, ok := pending[e.Seq]; ok && id == e.ID {
+		if p, ok := pending[e.Seq]; ok && p.id == e.ID && p.replays == e.Replays {
 			out = append(out, e)
 		}
 	}
 	return out, nil
 }
 
-// lookUpPending runs q, which selects seq, event_id::text and whether
-// the row is pending for the rows seqs, and returns the pending rows'
-// event ids by seq.
-func lookUpPending(ctx context.Context, pool *pgxpool.Pool, q string, seqs []int64) (map[int64]string, error) {
+// pendingRow is a pending row's event id and replays.
+type pendingRow struct {
+	id      string
+	replays int
+}
+
+// lookUpPending runs q, which selects seq, event_id::text, replays and
+// whether the row is pending for the rows seqs, and returns the pending
+// rows by seq.
+func lookUpPending(ctx context.Context, pool *pgxpool.Pool, q string, seqs []int64) (map[int64]pendingRow, error) {
 	rows, err := pool.Query(ctx, q, seqs)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[int64]string{}
+	out := map[int64]pendingRow{}
 	var (
 		seq     int64
-		id      string
+		r       pendingRow
 		pending bool
 	)
 	for rows.Next() {
-		if err := rows.Scan(&seq, &id, &pending); err != nil {
+		if err := rows.Scan(&seq, &r.id, &r.replays, &pending); err != nil {
 			return nil, err
 		}
 		if pending {
-			out[seq] = id
+			out[seq] = r
 		}
 	}
 	return out, rows.Err()

@@ -93,7 +93,7 @@ func TestUnsettled(t *testing.T) {
 	if len(got) != 6 {
 		t.Fatalf("claimed %d events, want 6", len(got))
 	}
-	sent := func(e core.Event) core.Sent { return core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID} }
+	sent := func(e core.Event) core.Sent { return core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID, Replays: e.Replays} }
 	all := make([]core.Sent, len(got))
 	for i, e := range got {
 		all[i] = sent(e)
@@ -127,12 +127,36 @@ func TestUnsettled(t *testing.T) {
 	if u, err := in.s.Unsettled(ctx, nil); err != nil || len(u) != 0 {
 		t.Fatalf("Unsettled(nil) = %v, %v", u, err)
 	}
-	// A replay makes an event pending again: unsettled again.
+	// A replay makes an event pending again, a new delivery: the send
+	// before it is settled, and the claim gives the replay, whose send is
+	// unsettled until recorded.
 	if _, err := in.ad.Replay(ctx, admin.Selector{Seqs: []int64{got[0].Seq}}, admin.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if u, err := in.s.Unsettled(ctx, all[:1]); err != nil || len(u) != 1 {
-		t.Fatalf("Unsettled after a replay = %v, %v; want the event", u, err)
+	if u, err := in.s.Unsettled(ctx, all[:1]); err != nil || len(u) != 0 {
+		t.Fatalf("Unsettled of the send before a replay = %v, %v; want it settled", u, err)
+	}
+	c, err = in.s.Claim(ctx, core.ClaimOptions{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replay core.Event
+	for _, e := range c.Events() {
+		if e.Seq == got[0].Seq {
+			replay = e
+		}
+	}
+	if replay.Replays != 1 || replay.ID != got[0].ID {
+		t.Fatalf("the replayed event was claimed as %+v, want its id with Replays 1", replay)
+	}
+	if u, err := in.s.Unsettled(ctx, []core.Sent{sent(replay)}); err != nil || len(u) != 1 {
+		t.Fatalf("Unsettled of the replay's send = %v, %v; want it", u, err)
+	}
+	if err := c.Complete(ctx, []int64{replay.Seq}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := in.s.Unsettled(ctx, []core.Sent{sent(replay)}); err != nil || len(u) != 0 {
+		t.Fatalf("Unsettled of the replay once recorded = %v, %v; want it settled", u, err)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 
 // Candidates carry every column the relay needs, so no statement reads a
 // row twice, and their size, so no oversized payload leaves the server.
-const claimCols = "seq, event_id::text AS event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, headers, created_at, attempts," +
+const claimCols = "seq, event_id::text AS event_id, aggregate_id, type, payload, payload_bytes, content_type, topic, headers, created_at, attempts, replays," +
 	" coalesce(octet_length(payload::text), octet_length(payload_bytes)) + coalesce(octet_length(headers::text), 0) AS size"
 
 const claimPending = `dispatched_at IS NULL AND parked_at IS NULL AND (retry_at IS NULL OR retry_at <= now())`
@@ -36,7 +36,7 @@ func claimResult(gate string) string {
 	return `c.seq, c.event_id, c.aggregate_id::text, c.type,
        CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload::text END,
        CASE WHEN ` + gate + `c.size <= $2 AND ` + claimWithin + ` THEN c.payload_bytes END,
-       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.size, ` + claimWithin + `,
+       c.content_type, c.topic, c.headers::text, c.created_at, c.attempts, c.replays, c.size, ` + claimWithin + `,
        ` + unitOf("c.")
 }
 
@@ -123,7 +123,7 @@ WITH held AS MATERIALIZED (
 SELECT ` + claimResult("w.passes AND ") + `, w.passes
 FROM cand c JOIN w ON w.seq = c.seq
 UNION ALL
-SELECT seq, '', aggregate_id, '', NULL, NULL, NULL, NULL, NULL, now(), 0, 0, false, 0, false
+SELECT seq, '', aggregate_id, '', NULL, NULL, NULL, NULL, NULL, now(), 0, 0, 0, false, 0, false
 FROM skipped
 ORDER BY 1`
 }
