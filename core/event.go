@@ -64,6 +64,16 @@ type Binder interface {
 	Bind(src Source) (Publisher, error)
 }
 
+// Committer is an optional capability of a publisher that remembers what
+// it sent (exactly-once into Kafka): Sent reports whether e is in the
+// broker already, committed by this relay or an earlier one, as the
+// source's Unsettled allows. The relay asks before it hands an event off
+// (HandOffer): such an event counts as published, not handed off to be
+// published again.
+type Committer interface {
+	Sent(ctx context.Context, e *Event) (bool, error)
+}
+
 // PermanentError marks a publish failure that retrying cannot fix: a message
 // too large, a type with no route, a message the broker rejects.
 type PermanentError struct{ Err error }

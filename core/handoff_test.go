@@ -360,3 +360,40 @@ func TestSteadyTrafficSendsFewWakeups(t *testing.T) {
 		t.Errorf("producers woke the relay %d times over %d events arriving one a millisecond, want few", s.notifies, events)
 	}
 }
+
+// committer is a publisher that remembers events in the broker already.
+type committer struct {
+	pubFunc
+	sent map[int64]bool
+}
+
+func (c committer) Sent(_ context.Context, e *core.Event) (bool, error) { return c.sent[e.Seq], nil }
+
+// An event read again that the publisher says is in the broker already
+// counts as published: it is not handed off, even behind a handed-off
+// event of its aggregate, so it is not published a second time.
+func TestCommittedEventIsNotHandedOff(t *testing.T) {
+	s := newStream(streamEvents("a", "a", "b")...)
+	s.off["a"] = true // an earlier event of a waits in the hand-off place
+	var out log
+	pub := committer{pubFunc: func(_ context.Context, e *core.Event) error { out.add(e); return nil }, sent: map[int64]bool{1: true}}
+	startRelay(t, s, pub, core.Options{BatchSize: 10, RetryBackoff: fastRetry, PollInterval: 10 * time.Millisecond})
+	waitFor(t, "all three resolved", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.done)+len(s.offered) == 3
+	})
+	off, _ := s.handedOff()
+	if !slices.Equal(off, []int64{2}) {
+		t.Errorf("handed off %v, want [2]: event 1 is in the broker already", off)
+	}
+	s.mu.Lock()
+	done := slices.Clone(s.done)
+	s.mu.Unlock()
+	if !slices.Equal(sorted(done), []int64{1, 3}) {
+		t.Errorf("recorded published %v, want [1 3]", done)
+	}
+	if got := out.seqs(); !slices.Equal(got, []int64{3}) {
+		t.Errorf("sent %v, want [3]: event 1 must not be sent again", got)
+	}
+}

@@ -60,6 +60,17 @@ func (r *Relay) publish(ctx context.Context, pctx *publishCtx, e *Event) error {
 // off (its error, if any, is the failure recorded with it). stLeft means
 // the relay stopped first.
 func (r *Relay) publishOrHandOff(ctx context.Context, pctx *publishCtx, h HandOffer, e *Event) (state, error) {
+	if c, ok := r.pub.(Committer); ok {
+		// In the broker already (read again after a crash): handing it
+		// off would publish it a second time.
+		sent, ok := retryRecord(ctx, r, "ask the publisher", func() (bool, error) { return c.Sent(ctx, e) })
+		switch {
+		case !ok:
+			return stLeft, nil
+		case sent:
+			return stPublished, nil
+		}
+	}
 	off, ok := retryRecord(ctx, r, "check hand-off", func() (bool, error) { return h.MustHandOff(ctx, e) })
 	switch {
 	case !ok:

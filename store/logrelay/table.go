@@ -66,8 +66,11 @@ WHERE (s.slot_name, s.publication) IS DISTINCT FROM (excluded.slot_name, exclude
 		handOffUnhandedSQL: `UPDATE ` + t + ` SET handoff_at = now() WHERE seq = ANY($1) AND dispatched_at IS NULL AND handoff_at IS NULL`,
 		// The claim's mark, made safe to repeat: the log relay marks rows
 		// it holds no lock on, which an operator may have marked since.
-		markDoneSQL:           `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL RETURNING seq`,
-		dispatchedSQL:         `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND dispatched_at IS NOT NULL`,
+		// A row an operator replayed since its insert went out is the
+		// replay's, for the table path to publish: the stream, reading
+		// that insert again, neither marks it nor publishes it again.
+		markDoneSQL:           `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL AND replays = 0 RETURNING seq`,
+		dispatchedSQL:         `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND (dispatched_at IS NOT NULL OR replays > 0)`,
 		handedOffOrDoneSQL:    `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
 		handedOffSQL:          `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		aggregateHandedOffSQL: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
@@ -190,7 +193,8 @@ func (l *logTable) markDispatched(ctx context.Context, db querier, seqs []int64)
 	return without(rest, seen), nil
 }
 
-// dispatched returns those of the rows seqs marked dispatched.
+// dispatched returns those of the rows seqs marked dispatched, or
+// replayed since: their insert went out before the replay.
 func (l *logTable) dispatched(ctx context.Context, db querier, seqs []int64) ([]int64, error) {
 	done, err := collect[int64](ctx, db, l.dispatchedSQL, seqs)
 	if err != nil {

@@ -50,6 +50,33 @@ RETURNING seq`, agg).Scan(&seq); err != nil {
 		}
 	})
 
+	t.Run("replayedRowIsTheReplays", func(t *testing.T) {
+		// c went out and an operator replayed it; a session reading its
+		// insert again must neither mark it (the replay is the table
+		// path's to publish) nor take it for a row never sent.
+		c := insert("agg-c")
+		if _, err := lt.markDispatched(ctx, pool, []int64{c}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE `+table+` SET dispatched_at = NULL, replays = replays + 1 WHERE seq = $1`, c); err != nil {
+			t.Fatal(err)
+		}
+		done, err := lt.dispatched(ctx, pool, []int64{c})
+		if err != nil || len(done) != 1 {
+			t.Fatalf("dispatched = %v, %v; want the replayed row counted sent", done, err)
+		}
+		if missing, err := lt.markDispatched(ctx, pool, []int64{c}); err != nil || len(missing) != 0 {
+			t.Fatalf("mark the replayed row = %v, %v; want nothing missing", missing, err)
+		}
+		var pending bool
+		if err := pool.QueryRow(ctx, `SELECT dispatched_at IS NULL FROM `+table+` WHERE seq = $1`, c).Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		if !pending {
+			t.Fatal("the stream marked a replayed row dispatched: the replay is lost")
+		}
+	})
+
 	t.Run("handRow", func(t *testing.T) {
 		var bID string
 		if err := pool.QueryRow(ctx, `SELECT event_id::text FROM `+table+` WHERE seq = $1`, b).Scan(&bID); err != nil {
