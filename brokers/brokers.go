@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/outboxhq/outbox/core"
 )
@@ -136,3 +137,19 @@ var _ Decoder = DecoderFunc(nil)
 
 // Decode implements Decoder.
 func (f DecoderFunc) Decode(v any) error { return f(v) }
+
+// RelaySettings are the relay's settings a broker's configuration may
+// depend on.
+type RelaySettings struct {
+	Unordered      bool          // relay.unordered
+	Sharing        bool          // relay.sharing
+	PublishTimeout time.Duration // relay.publish_timeout
+}
+
+// RelayChecker is an optional capability of a broker's configuration
+// type (see RegisterConfig): CheckRelay reports the relay settings the
+// configuration cannot work with, each error naming the keys, so the
+// relay refuses to start with them.
+type RelayChecker interface {
+	CheckRelay(r RelaySettings) error
+}

@@ -72,7 +72,8 @@ func CloudEventsBindingFor(name string) CloudEventsBinding {
 // WithCloudEvents wraps pub so every event it publishes carries the
 // CloudEvents attributes under binding b. The attributes replace any
 // header of the same name the producer set. The wrapper keeps pub's
-// optional capabilities (core.Pinger).
+// optional capabilities: core.Pinger, and core.Binder, whose Bind binds
+// pub and wraps the result the same way.
 func WithCloudEvents(pub core.Publisher, c CloudEvents, b CloudEventsBinding) (core.Publisher, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -80,11 +81,25 @@ func WithCloudEvents(pub core.Publisher, c CloudEvents, b CloudEventsBinding) (c
 	if b.Prefix == "" {
 		return nil, errors.New("cloudevents: the binding has no attribute prefix")
 	}
-	ce := &ceWrapper{Publisher: pub, c: c, b: b}
-	if p, ok := pub.(core.Pinger); ok {
-		return &ceWrapperPinger{ceWrapper: ce, pinger: p}, nil
+	return (&ceWrapper{Publisher: pub, c: c, b: b}).withCapabilities(), nil
+}
+
+// withCapabilities returns w with the optional capabilities of the
+// publisher it wraps.
+func (w *ceWrapper) withCapabilities() core.Publisher {
+	var out core.Publisher = w
+	pinger, canPing := w.Publisher.(core.Pinger)
+	if canPing {
+		out = &ceWrapperPinger{ceWrapper: w, pinger: pinger}
 	}
-	return ce, nil
+	if binder, ok := w.Publisher.(core.Binder); ok {
+		b := &ceWrapperBinder{Publisher: out, wrapped: w, binder: binder}
+		if canPing {
+			return &ceWrapperBinderPinger{ceWrapperBinder: b, pinger: pinger}
+		}
+		return b
+	}
+	return out
 }
 
 type ceWrapper struct {
@@ -114,3 +129,26 @@ type ceWrapperPinger struct {
 }
 
 func (w *ceWrapperPinger) Ping(ctx context.Context) error { return w.pinger.Ping(ctx) }
+
+// ceWrapperBinder wraps a core.Binder: the publisher Bind returns carries
+// the attributes too.
+type ceWrapperBinder struct {
+	core.Publisher
+	wrapped *ceWrapper
+	binder  core.Binder
+}
+
+func (w *ceWrapperBinder) Bind(src core.Source) (core.Publisher, error) {
+	inner, err := w.binder.Bind(src)
+	if err != nil {
+		return nil, err
+	}
+	return (&ceWrapper{Publisher: inner, c: w.wrapped.c, b: w.wrapped.b}).withCapabilities(), nil
+}
+
+type ceWrapperBinderPinger struct {
+	*ceWrapperBinder
+	pinger core.Pinger
+}
+
+func (w *ceWrapperBinderPinger) Ping(ctx context.Context) error { return w.pinger.Ping(ctx) }

@@ -2,6 +2,11 @@
 // with the idempotent producer and acks from all in-sync replicas, the
 // aggregate id as the message key, so one aggregate's events share a
 // partition and keep their order.
+//
+// With exactly_once it publishes instead through franz-go's transactional
+// producers, the same records to the same partitions, each batch of a
+// unit's events committed together with a record of the unit's progress,
+// so read_committed consumers see each event once (see TxPublisher).
 package kafka
 
 import (

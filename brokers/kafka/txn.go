@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,7 +72,7 @@ type TxPublisher struct {
 	s       Config
 	topics  *brokers.Routing
 	log     *slog.Logger
-	opts    []kgo.Opt // how every client reaches the cluster
+	opts    func() []kgo.Opt // how every client reaches the cluster
 	meta    *kgo.Client
 	admin   *kadm.Client
 	marshal wmkafka.Marshaler
@@ -79,7 +81,7 @@ type TxPublisher struct {
 	runners sync.WaitGroup
 
 	mu     sync.Mutex
-	bound  []*boundPub
+	bound  map[string]*boundPub // by source name
 	closed bool
 
 	hooks hooks
@@ -116,7 +118,7 @@ func NewTx(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	meta, err := kgo.NewClient(opts...)
+	meta, err := kgo.NewClient(opts()...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
@@ -126,14 +128,29 @@ func NewTx(ctx context.Context, s Config, topics *brokers.Routing, log *slog.Log
 		meta.Close()
 		return nil, fmt.Errorf("connect to kafka %v: %w", s.Brokers, err)
 	}
-	p := &TxPublisher{s: s, topics: topics, log: log, opts: opts, meta: meta, admin: kadm.NewClient(meta), marshal: marshaler()}
+	p := &TxPublisher{s: s, topics: topics, log: log, opts: opts, meta: meta, admin: kadm.NewClient(meta), marshal: marshaler(),
+		bound: map[string]*boundPub{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	log.Info("kafka publisher ready", "brokers", s.Brokers, "exactly_once", true, "transaction_timeout", s.TransactionTimeout)
 	return p, nil
 }
 
-// kgoOpts maps the settings to franz-go's.
-func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
+// kgoOpts maps the settings to franz-go's. Each client gets options of
+// its own: franz-go rewrites some of their contents as it starts.
+func (s Config) kgoOpts(log *slog.Logger) (func() []kgo.Opt, error) {
+	var tlsOpt []kgo.Opt
+	if s.TLS {
+		tc, err := brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
+			ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}.Config()
+		if err != nil {
+			return nil, fmt.Errorf("kafka: %w", err)
+		}
+		tlsOpt = append(tlsOpt, kgo.DialTLSConfig(tc))
+	}
+	return func() []kgo.Opt { return append(s.clientOpts(log), tlsOpt...) }, nil
+}
+
+func (s Config) clientOpts(log *slog.Logger) []kgo.Opt {
 	codec := map[string]kgo.CompressionCodec{
 		"none": kgo.NoCompression(), "gzip": kgo.GzipCompression(), "snappy": kgo.SnappyCompression(),
 		"lz4": kgo.Lz4Compression(), "zstd": kgo.ZstdCompression(),
@@ -143,15 +160,7 @@ func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProduceRequestTimeout(s.Timeout),
 		kgo.RecordDeliveryTimeout(2 * s.Timeout), kgo.ProducerBatchCompression(codec),
 		kgo.ProducerBatchMaxBytes(int32(max(s.MaxMessageBytes, 1<<20))), kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgoLogger{log}),
-	}
-	if s.TLS {
-		tc, err := brokers.TLSFiles{CAFile: s.TLSCAFile, CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile,
-			ServerName: s.TLSServerName, InsecureSkipVerify: s.TLSInsecureSkipVerify}.Config()
-		if err != nil {
-			return nil, fmt.Errorf("kafka: %w", err)
-		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
+		kgo.WithLogger(kgoLogger{log}), kgo.ProducerLinger(0), // a transaction waits for its records
 	}
 	switch s.SASLMechanism {
 	case sarama.SASLTypePlaintext:
@@ -161,7 +170,7 @@ func (s Config) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
 	case sarama.SASLTypeSCRAMSHA512:
 		opts = append(opts, kgo.SASL(kscram.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsSha512Mechanism()))
 	}
-	return opts, nil
+	return opts
 }
 
 // kgoLogger passes franz-go's warnings and errors on; its info and debug
@@ -200,6 +209,20 @@ func (p *TxPublisher) Bind(src core.Source) (core.Publisher, error) {
 		return nil, fmt.Errorf("kafka exactly_once: source %q has %d units", name, n)
 	}
 	name = sanitize(name)
+	// A source bound again (the log relay binds each replication
+	// session's stream) keeps its producers and what they committed.
+	p.mu.Lock()
+	if b := p.bound[name]; b != nil && !b.closed() {
+		p.mu.Unlock()
+		if len(b.units) != n {
+			return nil, fmt.Errorf("kafka exactly_once: source %q bound again with %d units, was %d", name, n, len(b.units))
+		}
+		b.srcMu.Lock()
+		b.src = st
+		b.srcMu.Unlock()
+		return b, nil
+	}
+	p.mu.Unlock()
 	b := &boundPub{p: p, src: st, name: name, progress: p.s.ProgressTopicPrefix + "." + name}
 	if err := checkName(b.progress); err != nil {
 		return nil, fmt.Errorf("kafka exactly_once: progress topic: %w", err)
@@ -218,7 +241,11 @@ func (p *TxPublisher) Bind(src core.Source) (core.Publisher, error) {
 	if p.closed {
 		return nil, errors.New("kafka exactly_once: publisher is closed")
 	}
-	p.bound = append(p.bound, b)
+	if old := p.bound[name]; old != nil && !old.closed() {
+		b.closeUnits() // bound meanwhile by another relay
+		return old, nil
+	}
+	p.bound[name] = b
 	return b, nil
 }
 
@@ -282,8 +309,9 @@ func (p *TxPublisher) Close() error {
 // boundPub publishes one source's events.
 type boundPub struct {
 	p        *TxPublisher
-	src      core.Settler
-	name     string // the source's, with characters Kafka refuses replaced
+	srcMu    sync.Mutex
+	src      core.Settler // the source last bound under name
+	name     string       // the source's, with characters Kafka refuses replaced
 	progress string
 	units    []*unit
 
@@ -295,6 +323,7 @@ type boundPub struct {
 var (
 	_ core.Publisher = (*boundPub)(nil)
 	_ core.Pinger    = (*boundPub)(nil)
+	_ core.Committer = (*boundPub)(nil)
 )
 
 // unit is one unit's producer and its events in flight.
@@ -303,6 +332,8 @@ type unit struct {
 	n     int
 	txnID string
 	wake  chan struct{} // an event was queued while a transaction runs
+
+	takeMu sync.Mutex // held through a take
 
 	mu      sync.Mutex
 	queue   []*pending
@@ -325,6 +356,34 @@ type pending struct {
 	// others are publishes of the same event queued while its
 	// transaction ran; only the unit's runner touches them.
 	others []*pending
+}
+
+// source is the source last bound.
+func (b *boundPub) source() core.Settler {
+	b.srcMu.Lock()
+	defer b.srcMu.Unlock()
+	return b.src
+}
+
+// sentOf is how a progress record names e.
+func sentOf(e *core.Event) core.Sent {
+	return core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID, Replays: e.Replays}
+}
+
+// Sent implements core.Committer: whether e is in Kafka already,
+// committed and not settled, taking e's unit first when no producer
+// holds it.
+func (b *boundPub) Sent(ctx context.Context, e *core.Event) (bool, error) {
+	if e.Unit < 0 || e.Unit >= len(b.units) {
+		return false, nil // Publish refuses it
+	}
+	u := b.units[e.Unit]
+	if _, err := u.take(ctx); err != nil {
+		return false, fmt.Errorf("take unit %d of %s: %w", u.n, b.name, classifyTx(err))
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.kafka[e.ID] == sentOf(e), nil
 }
 
 // Ping asks a broker for its API versions.
@@ -351,19 +410,27 @@ func (b *boundPub) Publish(ctx context.Context, e *core.Event) error {
 	if e.Unit < 0 || e.Unit >= len(b.units) {
 		return core.Permanent(fmt.Errorf("event %d: unit %d is not between 0 and %d", e.Seq, e.Unit, len(b.units)-1))
 	}
-	rec, size, err := b.p.record(topic, e)
-	if err != nil {
-		return err
-	}
-	pd := &pending{rec: rec, size: size, sent: core.Sent{Unit: e.Unit, Seq: e.Seq, ID: e.ID}, done: make(chan error, 1)}
-	if err := b.units[e.Unit].enqueue(pd); err != nil {
-		return err
-	}
-	select {
-	case err := <-pd.done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("publish to %s: %w", topic, ctx.Err())
+	// A transaction that failed for a reason of its own (a broker's
+	// transient error) is tried once more at once, with a new producer:
+	// the engine's retry would wait its backoff.
+	for attempt := 0; ; attempt++ {
+		rec, size, err := b.p.record(topic, e)
+		if err != nil {
+			return err
+		}
+		pd := &pending{rec: rec, size: size, sent: sentOf(e), done: make(chan error, 1)}
+		if err := b.units[e.Unit].enqueue(pd); err != nil {
+			return err
+		}
+		select {
+		case err = <-pd.done:
+		case <-ctx.Done():
+			return fmt.Errorf("publish to %s: %w", topic, ctx.Err())
+		}
+		if err == nil || attempt > 0 || ctx.Err() != nil || core.IsPermanent(err) || core.IsUndeliverable(err) {
+			return err
+		}
+		b.p.log.Debug("kafka exactly_once: transaction failed; trying once more", "event_seq", e.Seq, "error", err)
 	}
 }
 
@@ -434,11 +501,9 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 	defer u.mu.Unlock()
 	q := u.queue
 	u.queue = nil
-	if u.cl != nil { // not taken: the skip set is not known yet
+	if u.cl != nil {
 		q = u.skip(q, in)
-	}
-	// Decided after the skip: a runner that found only events committed
-	// already ends too, or the next enqueue would wait for it forever.
+	} // else not taken: the skip set is not known yet
 	if len(q) == 0 && in == nil {
 		u.running = false
 	}
@@ -450,8 +515,8 @@ func (u *unit) grab(in map[string]*pending) []*pending {
 func (u *unit) skip(q []*pending, in map[string]*pending) []*pending {
 	out := q[:0]
 	for _, pd := range q {
-		if _, ok := u.kafka[pd.sent.ID]; ok {
-			pd.deliver(nil)
+		if u.kafka[pd.sent.ID] == pd.sent {
+			pd.deliver(nil) // in Kafka already; a replay since is not
 			continue
 		}
 		if first, ok := in[pd.sent.ID]; ok {
@@ -597,11 +662,11 @@ func (u *unit) progressRecord(batch []*pending) (*kgo.Record, error) {
 	u.mu.Lock()
 	pr.Events = make([]progressEvent, 0, len(batch)+len(u.kafka))
 	for _, s := range u.kafka {
-		pr.Events = append(pr.Events, progressEvent{Seq: s.Seq, ID: s.ID})
+		pr.Events = append(pr.Events, progressEvent{Seq: s.Seq, ID: s.ID, Replays: s.Replays})
 	}
 	u.mu.Unlock()
 	for _, pd := range batch {
-		pr.Events = append(pr.Events, progressEvent{Seq: pd.sent.Seq, ID: pd.sent.ID})
+		pr.Events = append(pr.Events, progressEvent{Seq: pd.sent.Seq, ID: pd.sent.ID, Replays: pd.sent.Replays})
 	}
 	v, err := json.Marshal(pr)
 	if err != nil {
@@ -616,8 +681,9 @@ type progressValue struct {
 }
 
 type progressEvent struct {
-	Seq int64  `json:"seq"`
-	ID  string `json:"id"`
+	Seq     int64  `json:"seq"`
+	ID      string `json:"id"`
+	Replays int    `json:"replays,omitempty"`
 }
 
 // recordErrors returns the error that fails the transaction, or nil, and
@@ -677,6 +743,9 @@ func finish(batch []*pending, err error) {
 // owner, then reads the unit's latest committed progress and keeps what
 // the source has not settled.
 func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
+	// One take at a time: two producers of one id would fence each other.
+	u.takeMu.Lock()
+	defer u.takeMu.Unlock()
 	u.mu.Lock()
 	cl := u.cl
 	u.mu.Unlock()
@@ -684,7 +753,7 @@ func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
 		return cl, nil
 	}
 	p := u.b.p
-	opts := append(p.opts[:len(p.opts):len(p.opts)], kgo.TransactionalID(u.txnID), kgo.TransactionTimeout(p.s.TransactionTimeout),
+	opts := append(p.opts(), kgo.TransactionalID(u.txnID), kgo.TransactionTimeout(p.s.TransactionTimeout),
 		kgo.RecordPartitioner(partitioner{progress: u.b.progress, hash: p.s.partitioner()}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -700,19 +769,17 @@ func (u *unit) take(ctx context.Context) (*kgo.Client, error) {
 		return nil, err
 	}
 	u.mu.Lock()
-	seen := map[string]bool{}
-	for _, s := range events {
-		seen[s.ID] = true
-	}
-	for _, s := range u.kafka {
-		if !seen[s.ID] {
-			events = append(events, s)
+	latest := map[string]core.Sent{}
+	for _, s := range append(events, slices.Collect(maps.Values(u.kafka))...) {
+		if l, ok := latest[s.ID]; !ok || s.Replays > l.Replays {
+			latest[s.ID] = s
 		}
 	}
 	u.mu.Unlock()
+	events = slices.Collect(maps.Values(latest))
 	left := events
 	if len(events) > 0 {
-		if left, err = u.b.src.Unsettled(ctx, events); err != nil {
+		if left, err = u.b.source().Unsettled(ctx, events); err != nil {
 			cl.Close()
 			return nil, fmt.Errorf("ask the source which committed events are settled: %w", err)
 		}
@@ -749,6 +816,14 @@ func endProducer(cl *kgo.Client) {
 	_ = cl.AbortBufferedRecords(ctx)
 	_ = cl.EndTransaction(ctx, kgo.TryAbort)
 	cl.Close()
+}
+
+// closed reports whether Close ended b's producers.
+func (b *boundPub) closed() bool {
+	u := b.units[0]
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.closed
 }
 
 func (b *boundPub) closeUnits() {
@@ -795,7 +870,7 @@ func (b *boundPub) readProgress(ctx context.Context, n int) ([]core.Sent, error)
 			}
 			out := make([]core.Sent, len(pv.Events))
 			for i, e := range pv.Events {
-				out[i] = core.Sent{Unit: n, Seq: e.Seq, ID: e.ID}
+				out[i] = core.Sent{Unit: n, Seq: e.Seq, ID: e.ID, Replays: e.Replays}
 			}
 			return out, nil
 		}
@@ -810,7 +885,7 @@ func (b *boundPub) readProgress(ctx context.Context, n int) ([]core.Sent, error)
 // [start, stable), or nil. Transaction markers come through too, so the
 // read knows when it reached the stable offset.
 func (b *boundPub) lastCommitted(ctx context.Context, n int32, start, stable int64) (*kgo.Record, error) {
-	opts := append(b.p.opts[:len(b.p.opts):len(b.p.opts)],
+	opts := append(b.p.opts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{b.progress: {n: kgo.NewOffset().At(start)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(), kgo.FetchMaxWait(200*time.Millisecond))
 	cl, err := kgo.NewClient(opts...)
@@ -883,22 +958,24 @@ func (b *boundPub) prune() {
 	}
 	ctx, cancel := context.WithTimeout(b.p.ctx, b.p.s.Timeout)
 	defer cancel()
-	left, err := b.src.Unsettled(ctx, all)
+	left, err := b.source().Unsettled(ctx, all)
 	if err != nil {
 		b.p.log.Debug("kafka exactly_once: ask the source which events are settled", "error", err)
 		return
 	}
-	keep := make(map[string]bool, len(left))
+	keep := make(map[core.Sent]bool, len(left))
 	for _, s := range left {
-		keep[s.ID] = true
+		keep[s] = true
 	}
 	for _, s := range all {
-		if keep[s.ID] {
+		if keep[s] {
 			continue
 		}
 		u := b.units[s.Unit]
 		u.mu.Lock()
-		delete(u.kafka, s.ID)
+		if u.kafka[s.ID] == s { // not replaced by a replay's send meanwhile
+			delete(u.kafka, s.ID)
+		}
 		u.mu.Unlock()
 	}
 }
@@ -990,4 +1067,29 @@ func checkName(name string) error {
 		}
 	}
 	return nil
+}
+
+// CheckRelay implements brokers.RelayChecker: exactly_once needs ordered
+// relays sharing the table, since each unit must be published by one
+// relay at a time (others would fence each other), and a transaction
+// timeout the broker does not reach while a publish still waits.
+func (s Config) CheckRelay(r brokers.RelaySettings) error {
+	if !s.ExactlyOnce {
+		return nil
+	}
+	s = s.withDefaults()
+	var errs []error
+	if r.Unordered {
+		errs = append(errs, errors.New("brokers.kafka.exactly_once needs ordered mode: set relay.unordered to false "+
+			"(unordered relays publish the same units and fence each other's transactions)"))
+	}
+	if !r.Sharing {
+		errs = append(errs, errors.New("brokers.kafka.exactly_once needs relay.sharing: without it every relay publishes "+
+			"every unit, and their producers fence each other"))
+	}
+	if s.TransactionTimeout <= r.PublishTimeout+10*time.Second {
+		errs = append(errs, fmt.Errorf("brokers.kafka.transaction_timeout %s must exceed relay.publish_timeout %s plus 10s",
+			s.TransactionTimeout, r.PublishTimeout))
+	}
+	return errors.Join(errs...)
 }

@@ -47,7 +47,8 @@ type Options struct {
 }
 
 // Wrap returns pub with a span around each publish. The result implements
-// core.Pinger when pub does.
+// core.Pinger when pub does, and core.Binder when pub does: its Bind binds
+// pub and wraps the result the same way.
 func Wrap(pub core.Publisher, opts Options) (core.Publisher, error) {
 	if pub == nil {
 		return nil, errors.New("wrap publisher for tracing: publisher is nil")
@@ -59,10 +60,25 @@ func Wrap(pub core.Publisher, opts Options) (core.Publisher, error) {
 		opts.Propagator = propagation.TraceContext{}
 	}
 	p := &publisher{next: pub, opts: opts, tracer: opts.TracerProvider.Tracer(ScopeName)}
-	if pinger, ok := pub.(core.Pinger); ok {
-		return &pingingPublisher{publisher: p, pinger: pinger}, nil
+	return p.withCapabilities(), nil
+}
+
+// withCapabilities returns p with the optional capabilities of the
+// publisher it wraps.
+func (p *publisher) withCapabilities() core.Publisher {
+	var out core.Publisher = p
+	pinger, canPing := p.next.(core.Pinger)
+	if canPing {
+		out = &pingingPublisher{publisher: p, pinger: pinger}
 	}
-	return p, nil
+	if binder, ok := p.next.(core.Binder); ok {
+		b := &bindingPublisher{Publisher: out, wrapped: p, binder: binder}
+		if canPing {
+			return &bindingPingingPublisher{bindingPublisher: b, pinger: pinger}
+		}
+		return b
+	}
+	return out
 }
 
 type publisher struct {
@@ -129,3 +145,30 @@ var (
 )
 
 func (p *pingingPublisher) Ping(ctx context.Context) error { return p.pinger.Ping(ctx) }
+
+// bindingPublisher wraps a core.Binder: the publisher Bind returns is
+// traced too.
+type bindingPublisher struct {
+	core.Publisher
+	wrapped *publisher
+	binder  core.Binder
+}
+
+var _ core.Binder = (*bindingPublisher)(nil)
+
+func (b *bindingPublisher) Bind(src core.Source) (core.Publisher, error) {
+	inner, err := b.binder.Bind(src)
+	if err != nil {
+		return nil, err
+	}
+	p := *b.wrapped
+	p.next = inner
+	return p.withCapabilities(), nil
+}
+
+type bindingPingingPublisher struct {
+	*bindingPublisher
+	pinger core.Pinger
+}
+
+func (p *bindingPingingPublisher) Ping(ctx context.Context) error { return p.pinger.Ping(ctx) }

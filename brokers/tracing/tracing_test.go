@@ -248,3 +248,86 @@ func TestWrapRejectsMissingParts(t *testing.T) {
 		t.Error("nil TracerProvider accepted")
 	}
 }
+
+// binderBroker binds to a source, returning a broker of its own; it pings
+// when ping is set.
+type binderBroker struct {
+	broker
+	bound *pingBroker
+	src   core.Source
+	err   error
+}
+
+func (b *binderBroker) Bind(src core.Source) (core.Publisher, error) {
+	if b.err != nil {
+		return nil, b.err
+	}
+	b.src = src
+	return b.bound, nil
+}
+
+type pingBinderBroker struct{ binderBroker }
+
+func (p *pingBinderBroker) Ping(context.Context) error { return nil }
+
+// A wrapped Binder binds the publisher it wraps and traces what the bound
+// one publishes.
+func TestWrapForwardsBind(t *testing.T) {
+	tp, rec := newProvider()
+	defer tp.Shutdown(context.Background())
+	inner := &binderBroker{bound: &pingBroker{}}
+	pub := mustWrap(t, inner, tp)
+	b, ok := pub.(core.Binder)
+	if !ok {
+		t.Fatal("wrapped Binder lost Bind")
+	}
+	if _, ok := pub.(core.Pinger); ok {
+		t.Error("a Binder without Ping gained one")
+	}
+	src := struct{ core.Source }{}
+	bound, err := b.Bind(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inner.src != src {
+		t.Error("Bind did not reach the wrapped publisher")
+	}
+	if _, ok := bound.(core.Pinger); !ok {
+		t.Error("the bound publisher lost Ping")
+	}
+	ctx, parent := tp.Tracer("t").Start(context.Background(), "request")
+	h := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, h)
+	parent.End()
+	if err := bound.Publish(context.Background(), &core.Event{Seq: 1, ID: uuid.NewString(), Type: "a.b", Headers: h}); err != nil {
+		t.Fatal(err)
+	}
+	msgs := inner.bound.received()
+	if len(msgs) != 1 || len(inner.received()) != 0 {
+		t.Fatalf("bound broker got %d messages, unbound %d; want 1 and 0", len(msgs), len(inner.received()))
+	}
+	if got := msgs[0].Metadata.Get("traceparent"); got == "" || got == h["traceparent"] {
+		t.Errorf("traceparent %q: the bound publisher's publish was not traced", got)
+	}
+	spans := 0
+	for _, s := range rec.Ended() {
+		if s.Name() == "publish" {
+			spans++
+		}
+	}
+	if spans != 1 {
+		t.Errorf("%d publish spans, want 1", spans)
+	}
+
+	both := mustWrap(t, &pingBinderBroker{binderBroker{bound: &pingBroker{}}}, tp)
+	if _, ok := both.(core.Pinger); !ok {
+		t.Error("a pinging Binder lost Ping")
+	}
+	if _, ok := both.(core.Binder); !ok {
+		t.Error("a pinging Binder lost Bind")
+	}
+	refused := mustWrap(t, &binderBroker{err: errors.New("source is not a core.Settler")}, tp)
+	if _, err := refused.(core.Binder).Bind(src); err == nil || err.Error() != "source is not a core.Settler" {
+		t.Errorf("Bind error = %v, want the wrapped publisher's", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -417,7 +418,36 @@ func (c *Config) ValidateRelay() error {
 			"or broker in the config file (known: %s; stdout and gochannel only print or keep events in the process)",
 			strings.Join(brokers.Names(), ", "))
 	}
-	return nil
+	return c.checkBrokerFitsRelay()
+}
+
+// checkBrokerFitsRelay asks the broker's configuration, when it can say
+// (brokers.RelayChecker), whether it works with the relay's settings. A
+// section that does not decode is left to the broker's start-up, which
+// names the bad key.
+func (c *Config) checkBrokerFitsRelay() error {
+	t, ok := brokers.ConfigType(c.Broker)
+	if !ok {
+		return nil
+	}
+	v := reflect.New(t)
+	dc := decoderConfig()
+	dc.TagName = "koanf"
+	dc.Result = v.Interface()
+	dec, err := mapstructure.NewDecoder(dc)
+	if err != nil {
+		return nil
+	}
+	if err := dec.Decode(c.Brokers[c.Broker]); err != nil {
+		return nil
+	}
+	rc, ok := v.Elem().Interface().(brokers.RelayChecker)
+	if !ok {
+		return nil
+	}
+	return rc.CheckRelay(brokers.RelaySettings{
+		Unordered: c.Relay.Unordered, Sharing: c.Relay.Sharing, PublishTimeout: c.Relay.PublishTimeout,
+	})
 }
 
 // validate checks the console section; checkAccess also when the console
