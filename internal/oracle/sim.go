@@ -351,7 +351,7 @@ func (s *Sim) Check(record []Delivery) []Violation {
 				pubs = append(pubs, p)
 			}
 			handedOff := ""
-			if e.handedOff {
+			if e.handedOff && s.mode.Log() {
 				handedOff = ", handed off to the table"
 			}
 			add(PromiseNoDuplicate, "%s was delivered %d times (publishes %s), replayed %d times%s", e.spec, len(ds), strings.Join(pubs, "; "), e.replays, handedOff)
