@@ -10,7 +10,7 @@ SERVICES := scripts/services.sh
 # library.
 STATICCHECK ?= $(GO) tool -modfile=scripts/tools/go.mod staticcheck
 
-.PHONY: help demo test test-pg test-go-min build lint fuzz bench bench-quick chaos
+.PHONY: help demo test test-pg test-go-min build lint fuzz bench bench-quick chaos oracle-eos oracle-eos-restarts oracle-kafka
 
 demo: ## the end-to-end demo (a throwaway PostgreSQL unless DATABASE_URL is set)
 	@if [ -n "$$DATABASE_URL" ]; then $(GO) run ./cmd/outbox demo; \
@@ -63,6 +63,28 @@ bench-quick: ## small benchmark sizes, printed only
 	$(GO) build -o bin/outbox-bench ./cmd/outbox-bench
 	$(GO) build -o bin/outbox ./cmd/outbox
 	$(SERVICES) --durable bin/outbox-bench -outbox bin/outbox -quick
+
+# The oracle's exactly-once modes at length: each history on a Kafka
+# cluster of its own (in-process), the record read by a read_committed
+# consumer, no duplicate allowed. ORACLE_EOS_HISTORIES per mode; the
+# totals table ends the output. oracle-kafka runs the same histories
+# through the plain Kafka publisher, for its duplicates beside them.
+ORACLE_EOS_HISTORIES ?= 700
+ORACLE_EOS_MODES ?= table-ordered-eos,log-rows-eos,log-only-eos
+oracle-eos: ## the oracle's exactly-once modes, ORACLE_EOS_HISTORIES (700) histories each, with totals
+	$(SERVICES) --no-rabbitmq bash -o pipefail -c 'OUTBOX_ORACLE_KEEP_GOING=1 OUTBOX_ORACLE_MODES=$(ORACLE_EOS_MODES) OUTBOX_ORACLE_HISTORIES=$(ORACLE_EOS_HISTORIES) \
+		$(GO) test -count=1 -timeout 3h -run "TestOracle$$" -v ./internal/oracle/ | grep -v -e "^=== " -e "^ *--- PASS"'
+
+# PostgreSQL restarts need a server of the run's own (a throwaway one,
+# whatever OUTBOX_TEST_DATABASE_URL names) and one history at a time.
+ORACLE_EOS_RESTART_HISTORIES ?= 30
+oracle-eos-restarts: ## the exactly-once modes with PostgreSQL restarts, ORACLE_EOS_RESTART_HISTORIES (30) each
+	env -u OUTBOX_TEST_DATABASE_URL -u OUTBOX_TEST_PG_DATA $(SERVICES) --no-rabbitmq bash -o pipefail -c 'OUTBOX_ORACLE_KEEP_GOING=1 OUTBOX_ORACLE_PG_RESTARTS=1 \
+		OUTBOX_ORACLE_MODES=$(ORACLE_EOS_MODES) OUTBOX_ORACLE_HISTORIES=$(ORACLE_EOS_RESTART_HISTORIES) \
+		$(GO) test -count=1 -timeout 3h -run "TestOracle$$" -v ./internal/oracle/ | grep -v -e "^=== " -e "^ *--- PASS"'
+
+oracle-kafka: ## the same histories through the plain Kafka publisher, for its duplicates
+	$(MAKE) oracle-eos ORACLE_EOS_MODES=table-ordered-kafka,log-rows-kafka,log-only-kafka
 
 chaos: ## the fault run: relays killed, broker and PostgreSQL restarted under load
 	scripts/chaos.sh

@@ -8,6 +8,9 @@ type Shape struct {
 	// RestartPostgres adds PostgreSQL restarts: only for runs that own
 	// the server and run one history at a time.
 	RestartPostgres bool
+	// Path is the way the relays publish; the Kafka paths add the
+	// cluster's faults to the steps.
+	Path Path
 }
 
 // Generate returns a random history of mode, the same for the same seed
@@ -15,7 +18,7 @@ type Shape struct {
 func Generate(mode Mode, seed uint64, shape Shape) History {
 	steps := shape.Steps
 	g := &gen{r: rand.New(rand.NewPCG(seed, uint64(mode)+1)), mode: mode, keys: 2 + int(seed%2)}
-	h := History{Mode: mode, Seed: seed, StartStopped: g.chance(0.2)}
+	h := History{Mode: mode, Path: shape.Path, Seed: seed, StartStopped: g.chance(0.2)}
 	running := !h.StartStopped
 	for len(h.Steps) < steps {
 		var s Step
@@ -32,6 +35,13 @@ func Generate(mode Mode, seed uint64, shape Shape) History {
 			var ok bool
 			if s, ok = g.operator(); !ok {
 				continue
+			}
+		case shape.Path.Kafka() && running && x < 0.39:
+			s = Step{Kind: Takeover}
+		case shape.Path.Kafka() && x < 0.45:
+			s = Step{Kind: FailProduce, Target: 1 + g.r.IntN(3)}
+			if shape.Path == ExactlyOnce && g.chance(0.5) {
+				s = Step{Kind: FailCommit, Target: 1 + g.r.IntN(2)}
 			}
 		default:
 			s = g.write()

@@ -56,8 +56,11 @@ const (
 type result struct {
 	violations               []oracle.Violation
 	deliveries               int
-	duplicates               int // deliveries beyond one per event not owed to a replay
+	duplicates               int            // deliveries beyond one per event not owed to a replay
+	dupsBy                   map[string]int // duplicates by the last fault step before them
 	stops, kills, pgRestarts int
+	brokerFaults             int // Kafka cluster faults injected
+	takeovers                int
 	refused                  int // transactions whose log-only write was refused
 }
 
@@ -93,6 +96,12 @@ func run(t *testing.T, h oracle.History) result {
 		t.Cleanup(d.dropSlot)
 	}
 	d.sim = oracle.NewSim(h.Mode)
+	if h.Path == oracle.ExactlyOnce {
+		d.sim.ExactlyOnce()
+	}
+	if h.Path.Kafka() {
+		d.kafka = newKafkaSide(t, h.Path, d.pub)
+	}
 	d.rng = rand.New(rand.NewPCG(h.Seed, 7))
 	if !h.StartStopped {
 		d.start()
@@ -106,23 +115,52 @@ func run(t *testing.T, h oracle.History) result {
 	if d.relay == nil {
 		d.start()
 	}
+	if d.kafka != nil {
+		// What a killed relay left open is fenced by now, or never
+		// will be: its producers go, still without ending their
+		// transactions.
+		d.kafka.closeAbandoned()
+	}
 	d.settle()
 	d.stop()
+	if d.kafka != nil {
+		d.kafka.stop()
+	}
 	for n, id := range d.idsByN() {
 		if d.handedOff(id) {
 			d.sim.HandedOff(n)
 		}
 	}
 	rec := d.pub.record(d.ids)
-	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused}
+	res := result{violations: d.sim.Check(rec), deliveries: len(rec), stops: d.stops, kills: d.kills, pgRestarts: d.pgRestarts, refused: d.refused, brokerFaults: d.brokerFaults, takeovers: d.takeovers}
 	seen := map[string]int{}
+	res.dupsBy = map[string]int{}
 	for _, r := range rec {
 		seen[r.ID]++
-	}
-	for id, c := range seen {
-		res.duplicates += max(0, c-1-d.replayed[id])
+		if seen[r.ID] > 1+d.replayed[r.ID] {
+			res.duplicates++
+			res.dupsBy[d.faultBefore(r.Counter)]++
+		}
 	}
 	return res
+}
+
+// faultMark is a fault step and the delivery counter when it ran.
+type faultMark struct {
+	kind string
+	mark int
+}
+
+// faultBefore names the last fault step run before delivery counter c:
+// the one a duplicate delivered then is put down to.
+func (d *driver) faultBefore(c int) string {
+	what := "no fault"
+	for _, f := range d.faults {
+		if f.mark < c {
+			what = f.kind
+		}
+	}
+	return what
 }
 
 type driver struct {
@@ -132,6 +170,7 @@ type driver struct {
 	cfg     store.Config
 	slot    logrelay.Slot
 	pub     *broker
+	kafka   *kafkaSide // on a Kafka path: the cluster and the consumer whose reads feed pub's record
 	rows    *outbox.Writer
 	log     *outbox.LogWriter
 	ops     *admin.Admin
@@ -139,16 +178,19 @@ type driver struct {
 	sim     *oracle.Sim
 	rng     *rand.Rand
 
-	ids        map[string]int // event id -> label
-	relay      *relay
-	slotMade   bool
-	generation int // relay processes started
-	stops      int
-	kills      int
-	pgRestarts int
-	replayed   map[string]int // replays per event id
-	txs        int            // producer transactions run
-	refused    int            // of them refused by the log write function
+	ids          map[string]int // event id -> label
+	relay        *relay
+	slotMade     bool
+	generation   int // relay processes started
+	stops        int
+	kills        int
+	pgRestarts   int
+	brokerFaults int
+	takeovers    int
+	faults       []faultMark
+	replayed     map[string]int // replays per event id
+	txs          int            // producer transactions run
+	refused      int            // of them refused by the log write function
 }
 
 func (d *driver) idsByN() map[int]string {
@@ -161,6 +203,15 @@ func (d *driver) idsByN() map[int]string {
 
 func (d *driver) step(s oracle.Step) {
 	d.t.Helper()
+	switch s.Kind {
+	case oracle.StopRelay, oracle.KillRelay, oracle.RestartPostgres, oracle.FailProduce, oracle.FailCommit, oracle.Takeover:
+		kind := map[oracle.StepKind]string{oracle.StopRelay: "stop", oracle.KillRelay: "kill", oracle.RestartPostgres: "pg-restart",
+			oracle.FailProduce: "produce-fault", oracle.FailCommit: "commit-fault", oracle.Takeover: "takeover"}[s.Kind]
+		if s.Kind == oracle.FailProduce && s.Target == 3 {
+			kind = "produce-timeout"
+		}
+		d.faults = append(d.faults, faultMark{kind, d.pub.counter()})
+	}
 	switch s.Kind {
 	case oracle.Write:
 		d.write(s.Txs)
@@ -176,10 +227,24 @@ func (d *driver) step(s oracle.Step) {
 	case oracle.KillRelay:
 		if d.relay != nil {
 			d.relay.kill(d.t, d.pool)
+			if d.kafka != nil {
+				d.kafka.abandon(d.relay.pub)
+			}
 			d.relay = nil
 			d.kills++
 		}
 		d.start()
+	case oracle.Takeover:
+		if d.relay == nil {
+			d.start()
+		}
+		d.takeover()
+		d.takeovers++
+	case oracle.FailProduce, oracle.FailCommit:
+		if d.kafka != nil {
+			d.kafka.fail(s)
+			d.brokerFaults++
+		}
 	default:
 		d.operate(s)
 	}
@@ -267,6 +332,9 @@ func (d *driver) operate(s oracle.Step) {
 	case oracle.Replay:
 		n, err = d.ops.Replay(ctx, sel, admin.ReplayOptions{})
 		d.replayed[id] += int(n)
+		for range n {
+			d.sim.Replayed(s.Target)
+		}
 	}
 	if err != nil {
 		d.t.Fatalf("%s: %v", s, err)
@@ -561,18 +629,44 @@ func (b *broker) forgive(id string) {
 func (b *broker) Publish(ctx context.Context, e *core.Event) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.permanent[e.ID] {
-		return core.Permanent(errors.New("the broker refuses this event"))
-	}
-	if b.transient[e.ID] > 0 {
-		b.transient[e.ID]--
-		return errors.New("the broker is unavailable")
+	if err := b.admitLocked(e.ID); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b.got = append(b.got, oracle.Delivery{ID: e.ID, Counter: len(b.got) + 1, At: time.Now()})
+	b.addLocked(e.ID, time.Now(), "")
 	return nil
+}
+
+// admit fails the event as told: the faults of one event, which a Kafka
+// path injects before its publisher.
+func (b *broker) admit(id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.admitLocked(id)
+}
+
+func (b *broker) admitLocked(id string) error {
+	if b.permanent[id] {
+		return core.Permanent(errors.New("the broker refuses this event"))
+	}
+	if b.transient[id] > 0 {
+		b.transient[id]--
+		return errors.New("the broker is unavailable")
+	}
+	return nil
+}
+
+// add records a delivery: on a Kafka path, a record the consumer read.
+func (b *broker) add(id string, at time.Time, via string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.addLocked(id, at, via)
+}
+
+func (b *broker) addLocked(id string, at time.Time, via string) {
+	b.got = append(b.got, oracle.Delivery{ID: id, Counter: len(b.got) + 1, At: at, Via: via})
 }
 
 func (b *broker) Close() error { return nil }

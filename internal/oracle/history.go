@@ -36,6 +36,38 @@ func (m Mode) Ordered() bool { return m != TableUnordered }
 // Log says whether the mode reads a replication slot.
 func (m Mode) Log() bool { return m == LogRows || m == LogOnly }
 
+// Path is the way a history's relays publish, and where the broker's
+// record comes from.
+type Path int
+
+const (
+	// InProcess is the in-process broker: it records each publish it
+	// takes and fails the events it is told to.
+	InProcess Path = iota
+	// Kafka is the plain Kafka publisher into an in-process Kafka
+	// cluster; the record is what a consumer reads from the events'
+	// topic, partition by partition in offset order.
+	Kafka
+	// ExactlyOnce is the transactional Kafka publisher
+	// (brokers.kafka.exactly_once) into an in-process Kafka cluster; the
+	// record is what a read_committed consumer reads. Besides the other
+	// promises, no event may be delivered twice but by a replay. Only
+	// the ordered modes support it.
+	ExactlyOnce
+)
+
+func (p Path) String() string {
+	return [...]string{"in-process", "kafka", "exactly-once"}[p]
+}
+
+// Suffix is what the path adds to a mode's name ("table-ordered-eos").
+func (p Path) Suffix() string {
+	return [...]string{"", "-kafka", "-eos"}[p]
+}
+
+// Kafka says whether the path publishes into a Kafka cluster.
+func (p Path) Kafka() bool { return p != InProcess }
+
 // Producer is how an event is written.
 type Producer int
 
@@ -149,6 +181,18 @@ const (
 	Park                            // operator park of event Target
 	Unpark                          // operator unpark of event Target
 	Replay                          // operator replay of event Target
+	// FailProduce: the Kafka cluster fails its next produce requests to
+	// the events' topic (Kafka paths only; Target is how many). In a
+	// transaction the records already produced are then aborted.
+	FailProduce
+	// FailCommit: the Kafka cluster refuses the next transaction
+	// commits (exactly-once only; Target is how many), before applying
+	// them: the publisher cannot tell whether its transaction committed.
+	FailCommit
+	// Takeover starts a second relay beside the running one, lets both
+	// run a moment, then kills the first (Kafka paths only): the units of
+	// ownership move to the newcomer while the old owner still publishes.
+	Takeover
 )
 
 // Step is one step of a history.
@@ -185,18 +229,34 @@ func (s Step) String() string {
 		return fmt.Sprintf("unpark #%d", s.Target)
 	case Replay:
 		return fmt.Sprintf("replay #%d", s.Target)
+	case FailProduce:
+		if s.Target == 3 {
+			return "kafka takes the next produce request and answers it timed out"
+		}
+		return fmt.Sprintf("kafka fails the next %d produce request(s)", s.Target)
+	case FailCommit:
+		return fmt.Sprintf("kafka fails the next %d transaction commit(s)", s.Target)
+	case Takeover:
+		return "start a second relay beside it, then kill the first"
 	}
 	return fmt.Sprintf("step kind %d", s.Kind)
 }
 
 // Operator says whether the step is an operator action: the system is
 // let settle before it, so the action meets a known state.
-func (s Step) Operator() bool { return s.Kind >= Retry }
+func (s Step) Operator() bool {
+	switch s.Kind {
+	case Retry, Park, Unpark, Replay:
+		return true
+	}
+	return false
+}
 
 // History is what one run does, from a relay that is running (unless
 // StartStopped) over a fresh outbox.
 type History struct {
 	Mode Mode
+	Path Path
 	Seed uint64
 	// StartStopped starts with the relay stopped: in log modes the slot
 	// then does not exist until the first StartRelay.
@@ -206,7 +266,7 @@ type History struct {
 
 func (h History) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "mode %s, seed %d", h.Mode, h.Seed)
+	fmt.Fprintf(&b, "mode %s%s, seed %d", h.Mode, h.Path.Suffix(), h.Seed)
 	if h.StartStopped {
 		b.WriteString(", relay stopped at first")
 	}

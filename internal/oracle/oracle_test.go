@@ -3,6 +3,7 @@ package oracle_test
 import (
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +16,16 @@ import (
 	"github.com/outboxhq/outbox/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Sarama's metrics registry (the plain Kafka publisher) starts a
+		// ticker goroutine per meter it never stops.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		// A Sarama producer whose broker failed opens a circuit breaker
+		// whose timer sleeps out 10s after the producer is closed.
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"),
+	)
+}
 
 // Knobs of the run, from the environment:
 //
@@ -23,16 +33,28 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 //	OUTBOX_ORACLE_SEED       the first seed (default: from the clock, printed); with
 //	                         OUTBOX_ORACLE_HISTORIES=1 it replays one history
 //	OUTBOX_ORACLE_STEPS      steps per history (default 8)
-//	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default all)
+//	OUTBOX_ORACLE_MODES      modes to run, comma-separated (default: every mode with
+//	                         the in-process broker, and the exactly-once modes):
+//	                         a mode's name alone runs it with the in-process broker,
+//	                         with -kafka through the plain Kafka publisher, with -eos
+//	                         through the exactly-once one (table-ordered-eos,
+//	                         log-rows-eos, log-only-eos)
+//	OUTBOX_ORACLE_EOS_HISTORIES  histories per exactly-once mode in the default run
+//	                         (default 3: each starts a Kafka cluster of its own)
 //	OUTBOX_ORACLE_WORKERS    histories run at once (default 6; a history mostly
 //	                         waits, so a long run on a big machine can use more)
 //	OUTBOX_ORACLE_PG_RESTARTS=1  PostgreSQL restarts among the steps (one history
 //	                         at a time, on a server started by scripts/services.sh)
+//	OUTBOX_ORACLE_KEEP_GOING=1  a history that breaks a promise is reported with
+//	                         its seed, not shrunk, and the run goes on to its totals
 //	OUTBOX_ORACLE_KNOWN=fail report the known defects as failures, and shrink them
 //	                         (fail:PROMISE: only those of that promise, such as fail:replay)
 const (
 	defaultHistories = 12
-	defaultSteps     = 8
+	// defaultEOSHistories is the default run's share of each
+	// exactly-once mode.
+	defaultEOSHistories = 3
+	defaultSteps        = 8
 	// shrinkRuns bounds the reruns spent shrinking one failing history.
 	shrinkRuns = 40
 	// defaultWorkers is how many histories run at once, each on its own
@@ -53,19 +75,20 @@ func envInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-// knownDefect is a promise today's relay breaks in one mode. The short run
-// skips exactly that promise in that mode; TestKnownDefectsStillFail runs
-// each reproduction and fails once it no longer fails, so the entry is
-// removed when the fix is merged.
+// knownDefect is a promise today's relay breaks in one mode (on one
+// path). The short run skips exactly that promise in that mode;
+// TestKnownDefectsStillFail runs each reproduction and fails once it no
+// longer fails, so the entry is removed when the fix is merged.
 type knownDefect struct {
 	mode    oracle.Mode
+	path    oracle.Path
 	promise oracle.Promise
 	what    string
 	repro   oracle.History // a shrunk history that shows it
 }
 
 // knownDefects lists defects not yet fixed; an entry goes when its fix
-// is merged. It is empty: every promise is checked in every mode.
+// is merged.
 var knownDefects []knownDefect
 
 // regressions are hand-written histories that once broke a promise (the
@@ -107,6 +130,33 @@ var regressions = []struct {
 			write(tx(ev(1, 1, oracle.GoLog)), tx(ev(2, 1, oracle.SQLLogWrite, oracle.Soon))),
 			oracle.Step{Kind: oracle.StartRelay},
 			write(tx(ev(3, 1, oracle.GoLog), ev(4, 1, oracle.SQLLogWrite))))},
+	// The exactly-once path's.
+	{"a replay after a kill goes out again, though the next take reads a progress record naming the event",
+		onPath(oracle.ExactlyOnce, history(oracle.TableOrdered, false,
+			write(tx(ev(1, 2, oracle.GoRows), ev(3, 1, oracle.SQLFunc))),
+			oracle.Step{Kind: oracle.KillRelay},
+			oracle.Step{Kind: oracle.Replay, Target: 1}))},
+	{"a unit whose publishes were all in Kafka already goes on publishing",
+		onPath(oracle.ExactlyOnce, history(oracle.TableOrdered, false,
+			write(tx(ev(3, 1, oracle.SQLFunc))),
+			oracle.Step{Kind: oracle.Replay, Target: 3},
+			write(tx(ev(8, 1, oracle.SQLFunc), ev(10, 1, oracle.GoRows)))))},
+	{"a row of log mode replayed through the hand-off table relay goes out again",
+		onPath(oracle.ExactlyOnce, history(oracle.LogRows, false,
+			write(tx(ev(1, 1, oracle.GoRows, oracle.Soon))),
+			write(tx(ev(2, 1, oracle.SQLFunc))),
+			oracle.Step{Kind: oracle.KillRelay},
+			oracle.Step{Kind: oracle.Replay, Target: 2}))},
+	{"a log-only event read again after a kill, behind nothing but before a handed-off event of its aggregate, is not published twice",
+		onPath(oracle.ExactlyOnce, history(oracle.LogOnly, false,
+			write(tx(ev(1, 1, oracle.GoLog), ev(3, 1, oracle.SQLLogWrite, oracle.Soon))),
+			write(oracle.Tx{Lock: true, Events: []oracle.EventSpec{ev(4, 3, oracle.GoLog)}}),
+			oracle.Step{Kind: oracle.KillRelay}))},
+}
+
+func onPath(p oracle.Path, h oracle.History) oracle.History {
+	h.Path = p
+	return h
 }
 
 // Builders of hand-written histories.
@@ -137,12 +187,12 @@ func ev(n, key int, p oracle.Producer, opts ...any) oracle.EventSpec {
 	return e
 }
 
-func known(mode oracle.Mode, p oracle.Promise) bool {
+func known(mode target, p oracle.Promise) bool {
 	if v := os.Getenv("OUTBOX_ORACLE_KNOWN"); v == "fail" || v == "fail:"+string(p) {
 		return false
 	}
 	for _, k := range knownDefects {
-		if k.mode == mode && k.promise == p {
+		if k.mode == mode.mode && k.path == mode.path && k.promise == p {
 			return true
 		}
 	}
@@ -150,7 +200,7 @@ func known(mode oracle.Mode, p oracle.Promise) bool {
 }
 
 // failing returns the violations not excused by the known defects.
-func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Violation) {
+func failing(mode target, vs []oracle.Violation) (bad, excused []oracle.Violation) {
 	for _, v := range vs {
 		if known(mode, v.Promise) {
 			excused = append(excused, v)
@@ -164,7 +214,31 @@ func failing(mode oracle.Mode, vs []oracle.Violation) (bad, excused []oracle.Vio
 // stats are a mode's figures over the run.
 type stats struct {
 	histories, deliveries, dups, stops, kills, pgRestarts, refused int
+	brokerFaults, takeovers                                        int
+	dupsBy                                                         map[string]int
+	failed                                                         []uint64 // seeds that broke a promise (with OUTBOX_ORACLE_KEEP_GOING)
 	excused                                                        map[oracle.Promise]int
+}
+
+// target is a mode and the path its relays publish by.
+type target struct {
+	mode oracle.Mode
+	path oracle.Path
+}
+
+func (t target) String() string { return t.mode.String() + t.path.Suffix() }
+
+// targetNamed parses a target's name: a mode's, with a path's suffix.
+func targetNamed(name string) (target, bool) {
+	name = strings.TrimSpace(name)
+	for _, p := range []oracle.Path{oracle.InProcess, oracle.Kafka, oracle.ExactlyOnce} {
+		for _, m := range oracle.Modes {
+			if t := (target{m, p}); t.String() == name {
+				return t, p != oracle.ExactlyOnce || m.Ordered()
+			}
+		}
+	}
+	return target{}, false
 }
 
 // Every promise in every mode: generated histories run against the real
@@ -176,6 +250,7 @@ func TestOracle(t *testing.T) {
 	steps := envInt(t, "OUTBOX_ORACLE_STEPS", defaultSteps)
 	shape := oracle.Shape{Steps: steps, RestartPostgres: os.Getenv("OUTBOX_ORACLE_PG_RESTARTS") == "1"}
 	workers := envInt(t, "OUTBOX_ORACLE_WORKERS", defaultWorkers)
+	keepGoing := os.Getenv("OUTBOX_ORACLE_KEEP_GOING") == "1"
 	if shape.RestartPostgres {
 		if os.Getenv(envPGData) == "" {
 			t.Fatalf("OUTBOX_ORACLE_PG_RESTARTS=1 needs a server of the run's own: run it under scripts/services.sh")
@@ -190,30 +265,48 @@ func TestOracle(t *testing.T) {
 		}
 		seed = s
 	}
-	modes := oracle.Modes
+	var modes []target
+	counts := map[target]int{}
 	if v := os.Getenv("OUTBOX_ORACLE_MODES"); v != "" {
-		modes = nil
 		for _, name := range strings.Split(v, ",") {
-			m, ok := modeNamed(name)
+			m, ok := targetNamed(name)
 			if !ok {
-				t.Fatalf("OUTBOX_ORACLE_MODES: unknown mode %q", name)
+				t.Fatalf("OUTBOX_ORACLE_MODES: unknown mode %q (the exactly-once path takes the ordered modes only)", name)
 			}
 			modes = append(modes, m)
+			counts[m] = histories
+		}
+	} else {
+		for _, m := range oracle.Modes {
+			modes = append(modes, target{m, oracle.InProcess})
+			counts[target{m, oracle.InProcess}] = histories
+		}
+		for _, m := range oracle.Modes {
+			if m.Ordered() && exactlyOnceBuilt {
+				modes = append(modes, target{m, oracle.ExactlyOnce})
+				counts[target{m, oracle.ExactlyOnce}] = envInt(t, "OUTBOX_ORACLE_EOS_HISTORIES", defaultEOSHistories)
+			}
 		}
 	}
-	t.Logf("seeds %d..%d, %d histories of %d steps per mode (OUTBOX_ORACLE_SEED=%d replays the first)", seed, seed+uint64(histories)-1, histories, steps, seed)
+	t.Logf("seeds from %d, %d histories of %d steps per mode (OUTBOX_ORACLE_SEED=%d replays the first)", seed, histories, steps, seed)
 	start := time.Now()
+	totals := &totalTable{rows: map[target]*stats{}}
 	// A history mostly waits (for settle points, scheduled events), so
 	// several run at once, across modes, whatever go test's -parallel says.
 	sem := make(chan struct{}, workers)
 	var modesWG sync.WaitGroup
-	for _, mode := range modes {
+	for _, tg := range modes {
+		mode, shape, histories := tg.mode, shape, counts[tg]
+		shape.Path = tg.path
 		modesWG.Go(func() {
-			t.Run(mode.String(), func(t *testing.T) {
+			t.Run(tg.String(), func(t *testing.T) {
 				if mode.Log() {
 					pgtest.Logical(t)
 				}
-				st := &stats{excused: map[oracle.Promise]int{}}
+				if tg.path == oracle.ExactlyOnce && !exactlyOnceBuilt {
+					t.Skip("the Kafka publisher has no exactly-once mode yet")
+				}
+				st := &stats{excused: map[oracle.Promise]int{}, dupsBy: map[string]int{}}
 				results := make([]result, histories)
 				var wg sync.WaitGroup
 				for i := range histories {
@@ -226,7 +319,7 @@ func TestOracle(t *testing.T) {
 					})
 				}
 				wg.Wait()
-				if t.Failed() {
+				if t.Failed() && !keepGoing {
 					return
 				}
 				for i, res := range results {
@@ -237,34 +330,45 @@ func TestOracle(t *testing.T) {
 					st.kills += res.kills
 					st.pgRestarts += res.pgRestarts
 					st.refused += res.refused
-					bad, excused := failing(mode, res.violations)
+					st.brokerFaults += res.brokerFaults
+					st.takeovers += res.takeovers
+					for k, n := range res.dupsBy {
+						st.dupsBy[k] += n
+					}
+					bad, excused := failing(tg, res.violations)
 					for _, v := range excused {
 						st.excused[v.Promise]++
+					}
+					if len(bad) > 0 && keepGoing {
+						st.failed = append(st.failed, seed+uint64(i))
+						t.Errorf("seed %d broke %d promise(s):\n%sreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s%s",
+							seed+uint64(i), len(bad), listViolations(bad), seed+uint64(i), steps, tg, restartsFlag(shape))
+						continue
 					}
 					if len(bad) > 0 {
 						h := oracle.Generate(mode, seed+uint64(i), shape)
 						small, vs := shrink(t, h, bad[0].Promise)
-						t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s",
-							h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, mode)
+						t.Errorf("seed %d broke %d promise(s), first %s\nshrunk history:\n%s\nits violations:\n%s\nreplay: OUTBOX_ORACLE_SEED=%d OUTBOX_ORACLE_HISTORIES=1 OUTBOX_ORACLE_STEPS=%d OUTBOX_ORACLE_MODES=%s%s",
+							h.Seed, len(bad), bad[0], small, listViolations(vs), h.Seed, steps, tg, restartsFlag(shape))
 						return
 					}
 				}
-				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay kills, %d graceful stops, %d PostgreSQL restarts, %d log-only writes refused before the slot; known defects seen: %v",
-					mode, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.refused, st.excused)
+				t.Logf("%s: %d histories, %d deliveries, %d duplicates over %d relay kills, %d graceful stops, %d PostgreSQL restarts, %d broker faults, %d log-only writes refused before the slot; known defects seen: %v",
+					tg, st.histories, st.deliveries, st.dups, st.kills, st.stops, st.pgRestarts, st.brokerFaults, st.refused, st.excused)
+				totals.add(tg, st)
 			})
 		})
 	}
 	modesWG.Wait()
 	t.Logf("%d modes in %s", len(modes), time.Since(start).Round(100*time.Millisecond))
+	totals.print(t, modes, time.Since(start))
 }
 
-func modeNamed(name string) (oracle.Mode, bool) {
-	for _, m := range oracle.Modes {
-		if m.String() == strings.TrimSpace(name) {
-			return m, true
-		}
+func restartsFlag(s oracle.Shape) string {
+	if s.RestartPostgres {
+		return " OUTBOX_ORACLE_PG_RESTARTS=1"
 	}
-	return 0, false
+	return ""
 }
 
 func listViolations(vs []oracle.Violation) string {
@@ -378,12 +482,13 @@ func TestKnownDefectsStillFail(t *testing.T) {
 	defer wg.Wait()
 	for _, k := range knownDefects {
 		wg.Go(func() {
-			t.Run(k.mode.String()+"/"+string(k.promise), func(t *testing.T) {
+			tg := target{k.mode, k.path}
+			t.Run(tg.String()+"/"+string(k.promise), func(t *testing.T) {
 				if k.mode.Log() {
 					pgtest.Logical(t)
 				}
-				if k.repro.Mode != k.mode {
-					t.Fatalf("the reproduction runs in mode %s, the entry names %s", k.repro.Mode, k.mode)
+				if k.repro.Mode != k.mode || k.repro.Path != k.path {
+					t.Fatalf("the reproduction runs in mode %s%s, the entry names %s", k.repro.Mode, k.repro.Path.Suffix(), tg)
 				}
 				var res result
 				t.Run("run", func(t *testing.T) { res = run(t, k.repro) })
@@ -394,7 +499,7 @@ func TestKnownDefectsStillFail(t *testing.T) {
 					}
 				}
 				t.Errorf("the known defect %q no longer shows in mode %s: remove its entry from knownDefects (its promise is then checked again); violations: %v\n%s",
-					k.what, k.mode, res.violations, k.repro)
+					k.what, tg, res.violations, k.repro)
 			})
 		})
 	}
@@ -407,7 +512,7 @@ func TestOracleRegressions(t *testing.T) {
 	defer wg.Wait()
 	for _, r := range regressions {
 		wg.Go(func() {
-			t.Run(r.h.Mode.String()+"/"+r.name, func(t *testing.T) {
+			t.Run(r.h.Mode.String()+r.h.Path.Suffix()+"/"+r.name, func(t *testing.T) {
 				if r.h.Mode.Log() {
 					pgtest.Logical(t)
 				}
@@ -419,4 +524,55 @@ func TestOracleRegressions(t *testing.T) {
 			})
 		})
 	}
+}
+
+// totalTable gathers each mode's figures, printed together at the end of a
+// run, the plain and exactly-once paths side by side.
+type totalTable struct {
+	mu   sync.Mutex
+	rows map[target]*stats
+}
+
+func (tb *totalTable) add(tg target, st *stats) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	tb.rows[tg] = st
+}
+
+func (tb *totalTable) print(t *testing.T, modes []target, took time.Duration) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "totals (%s):\n%-24s %9s %10s %10s %6s %9s %6s %9s %13s%s\n", took.Round(time.Second),
+		"mode", "histories", "deliveries", "duplicates", "kills", "takeovers", "stops", "restarts", "broker-faults", "  duplicates after (the last fault step before each)")
+	var all stats
+	for _, tg := range modes {
+		st := tb.rows[tg]
+		if st == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %9d %6d %9d %13d  %s\n", tg, st.histories, st.deliveries, st.dups, st.kills, st.takeovers, st.stops, st.pgRestarts, st.brokerFaults, byFault(st.dupsBy))
+		if len(st.failed) > 0 {
+			fmt.Fprintf(&b, "%-24s failing seeds: %v\n", "", st.failed)
+		}
+		all.histories += st.histories
+		all.deliveries += st.deliveries
+		all.dups += st.dups
+		all.kills += st.kills
+		all.stops += st.stops
+		all.pgRestarts += st.pgRestarts
+		all.brokerFaults += st.brokerFaults
+		all.takeovers += st.takeovers
+	}
+	fmt.Fprintf(&b, "%-24s %9d %10d %10d %6d %9d %6d %9d %13d", "all", all.histories, all.deliveries, all.dups, all.kills, all.takeovers, all.stops, all.pgRestarts, all.brokerFaults)
+	t.Log(b.String())
+}
+
+func byFault(m map[string]int) string {
+	var parts []string
+	for k, n := range m {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }

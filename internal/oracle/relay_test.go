@@ -24,6 +24,10 @@ type relay struct {
 	pool  *pgxpool.Pool
 	table *core.Relay
 	log   *logrelay.Relay
+	// pub is the process's own Kafka publisher on a Kafka path (nil
+	// with the in-process broker): closed on a graceful stop, abandoned
+	// on a kill.
+	pub core.Publisher
 
 	cancel  context.CancelFunc
 	logDone chan error
@@ -36,6 +40,36 @@ var (
 )
 
 func (d *driver) start() {
+	d.t.Helper()
+	d.relay = d.launch(true)
+}
+
+// takeover starts a second relay beside the running one, lets them share
+// the work a moment (units move between them, each new owner fencing the
+// old), then kills the first. Its Kafka producers are left running, not
+// silenced: they may still commit what they hold, or find themselves
+// fenced, as a relay that froze and woke up does.
+func (d *driver) takeover() {
+	d.t.Helper()
+	old := d.relay
+	nu := d.launch(false)
+	time.Sleep(takeoverOverlap)
+	old.kill(d.t, d.pool)
+	if d.kafka != nil {
+		d.kafka.leave(old.pub)
+	}
+	if nu.log != nil {
+		d.waitHolding(nu)
+	}
+	d.relay = nu
+}
+
+// takeoverOverlap is how long two relays run side by side in a takeover.
+const takeoverOverlap = 400 * time.Millisecond
+
+// launch starts a relay process. In log mode with hold set it waits
+// until the log relay holds the slot.
+func (d *driver) launch(hold bool) *relay {
 	d.t.Helper()
 	d.generation++
 	r := &relay{name: fmt.Sprintf("oracle-%s-%d", d.cfg.Schema, d.generation)}
@@ -55,19 +89,23 @@ func (d *driver) start() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
+	var pub core.Publisher = d.pub
+	if d.kafka != nil {
+		r.pub = d.kafka.publisher(d.t)
+		pub = &faulty{Publisher: r.pub, b: d.pub}
+	}
 	if !d.h.Mode.Log() {
 		st, err := table.New(r.pool, d.cfg, nil)
 		if err != nil {
 			d.t.Fatal(err)
 		}
-		if r.table, err = core.New(st, d.pub, ro); err != nil {
+		if r.table, err = core.New(st, pub, ro); err != nil {
 			d.t.Fatal(err)
 		}
 		if err := r.table.Start(ctx); err != nil {
 			d.t.Fatal(err)
 		}
-		d.relay = r
-		return
+		return r
 	}
 	lo := logrelay.Options{
 		Store: d.cfg, Slot: d.slot,
@@ -81,15 +119,23 @@ func (d *driver) start() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	pair, err := logrelay.NewPair(r.pool, d.pub, lo, handoff, ro)
+	pair, err := logrelay.NewPair(r.pool, pub, lo, handoff, ro)
 	if err != nil {
 		d.t.Fatal(err)
 	}
 	r.table, r.log = pair.Table, pair.Log
 	r.logDone = make(chan error, 1)
 	go func() { r.logDone <- pair.Run(ctx) }()
-	// The slot exists once the relay holds it; events written before
-	// then are written before the slot.
+	if hold {
+		d.waitHolding(r)
+	}
+	return r
+}
+
+// waitHolding waits until r's log relay holds the slot. The slot exists
+// from then on; events written before were written before the slot.
+func (d *driver) waitHolding(r *relay) {
+	d.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !r.log.Holding() {
 		if time.Now().After(deadline) {
@@ -98,7 +144,6 @@ func (d *driver) start() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	d.slotMade = true
-	d.relay = r
 }
 
 func (r *relay) wake() { r.table.Wake() }
@@ -123,6 +168,11 @@ func (d *driver) stop() {
 		}
 	}
 	r.pool.Close()
+	if r.pub != nil {
+		if err := r.pub.Close(); err != nil {
+			d.t.Errorf("close the kafka publisher: %v", err)
+		}
+	}
 }
 
 // kill stops the relay as a crash does: its database sessions end first

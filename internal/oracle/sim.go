@@ -33,6 +33,9 @@ const (
 	PromiseOrder Promise = "order"
 	// The same, for events that went through the table path of log mode.
 	PromiseOrderHandoff Promise = "order-after-handoff"
+	// No event is delivered twice, but by an operator's replay (a new
+	// delivery by intent): checked only on the exactly-once path.
+	PromiseNoDuplicate Promise = "no-duplicate"
 )
 
 // Violation is one broken promise.
@@ -68,6 +71,10 @@ type Delivery struct {
 	ID      string
 	Counter int
 	At      time.Time
+	// Via says, where the broker tells, what made the delivery (on Kafka:
+	// the partition and offset, the producer's transactional id and
+	// epoch): for reading a violation.
+	Via string
 }
 
 type status int
@@ -89,6 +96,7 @@ type simEvent struct {
 	everParked  bool
 	retried     bool
 	replayAfter int // a delivery after this counter is owed; 0 if none
+	replays     int // replays that made it pending again
 	everDone    bool
 	points      []point // at each settle point
 }
@@ -115,10 +123,17 @@ type Sim struct {
 	order  []int // labels in write order
 	marks  []int // the delivery counter at each settle point
 	held   []int // at the last settle point, the events the relay must have recorded held
+	// once: every delivery beyond the first of an event, not owed to a
+	// replay, breaks PromiseNoDuplicate.
+	once bool
 }
 
 // NewSim returns a model of mode with nothing written.
 func NewSim(mode Mode) *Sim { return &Sim{mode: mode, events: map[int]*simEvent{}} }
+
+// ExactlyOnce makes the model forbid duplicates: an event is delivered
+// once, and once more for each replay.
+func (s *Sim) ExactlyOnce() { s.once = true }
 
 // Wrote records an event's write.
 func (s *Sim) Wrote(spec EventSpec, w Written) {
@@ -160,6 +175,15 @@ func (s *Sim) Operate(st Step, mark int, row bool) {
 			e.dispatched = false
 			e.replayAfter = mark
 		}
+	}
+}
+
+// Replayed records that an operator's replay made event n pending again
+// (whether or not the model knew it dispatched: a relay stopped since
+// may have published it): one more delivery of it is no duplicate.
+func (s *Sim) Replayed(n int) {
+	if e := s.events[n]; e != nil {
+		e.replays++
 	}
 }
 
@@ -317,6 +341,21 @@ func (s *Sim) Check(record []Delivery) []Violation {
 			}
 			prev = p.st
 		}
+		if s.once && len(ds) > 1+e.replays {
+			var pubs []string
+			for _, d := range ds {
+				p := fmt.Sprint(d.Counter)
+				if d.Via != "" {
+					p += " " + d.Via
+				}
+				pubs = append(pubs, p)
+			}
+			handedOff := ""
+			if e.handedOff && s.mode.Log() {
+				handedOff = ", handed off to the table"
+			}
+			add(PromiseNoDuplicate, "%s was delivered %d times (publishes %s), replayed %d times%s", e.spec, len(ds), strings.Join(pubs, "; "), e.replays, handedOff)
+		}
 		if !e.w.DeliverAt.IsZero() {
 			for _, d := range ds {
 				if d.At.Before(e.w.DeliverAt.Add(-50 * time.Millisecond)) {
@@ -395,6 +434,12 @@ func (s *Sim) blockedBy(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 func (s *Sim) missing(e *simEvent, k int, keyed map[int][]*simEvent) Promise {
 	if e.mustBeRefused() {
 		return PromiseRefusedBeforeSlot // committed, when its write was to fail
+	}
+	// On the exactly-once path the publisher itself decides whether an
+	// event is in the broker already, so a replay owed and missing is put
+	// down to the replay first.
+	if s.once && e.points[k].after > 0 {
+		return PromiseReplay
 	}
 	// Checked before a replay's promise: a replayed event held back by a
 	// later one breaks this promise first.

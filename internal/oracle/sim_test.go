@@ -464,3 +464,44 @@ func TestSimHeld(t *testing.T) {
 		}
 	}
 }
+
+func TestSimExactlyOnce(t *testing.T) {
+	t.Run("a duplicate breaks the promise", func(t *testing.T) {
+		f := newFake(t, TableOrdered)
+		f.s.ExactlyOnce()
+		f.write(true, e(1, 1, GoRows), e(2, 2, GoRows))
+		f.settle(true, 1, 2, 1)
+		f.want(PromiseNoDuplicate)
+	})
+	t.Run("once each is kept", func(t *testing.T) {
+		f := newFake(t, TableOrdered)
+		f.s.ExactlyOnce()
+		f.write(true, e(1, 1, GoRows), e(2, 2, GoRows))
+		f.settle(true, 1, 2)
+		f.want()
+	})
+	t.Run("a replay allows one more", func(t *testing.T) {
+		f := newFake(t, TableOrdered)
+		f.s.ExactlyOnce()
+		f.write(true, e(1, 1, GoRows))
+		f.settle(true, 1)
+		f.op(Replay, 1)
+		f.s.Replayed(1)
+		f.settle(true, 1)
+		f.want()
+		f.deliver(1)
+		f.settle(true)
+		f.want(PromiseNoDuplicate)
+	})
+	t.Run("a lost replay is the replay's", func(t *testing.T) {
+		f := newFake(t, TableOrdered)
+		f.s.ExactlyOnce()
+		f.write(true, e(1, 1, GoRows))
+		f.settle(true, 1)
+		f.op(Replay, 1)
+		f.write(true, EventSpec{N: 2, Key: 1, Producer: GoRows, Fault: Permanent})
+		f.settle(true)
+		// Without exactly-once, the later held event would be blamed.
+		f.want(PromiseReplay)
+	})
+}
