@@ -82,9 +82,10 @@ func TestClaimFailsWhenRowsReadAgainCannotBeLookedUp(t *testing.T) {
 	}
 	ctx := context.Background()
 	var seqs []int64
+	var ids []string
 	err = pool.QueryRow(ctx, `WITH i AS (INSERT INTO `+cfg.Names().Outbox+` (aggregate_id, type, payload, dispatched_at)
-SELECT 'a', 'a.b', '{}', CASE WHEN g % 2 = 0 THEN now() END FROM generate_series(1, 4) g RETURNING seq)
-SELECT array_agg(seq ORDER BY seq) FROM i`).Scan(&seqs)
+SELECT 'a', 'a.b', '{}', CASE WHEN g % 2 = 0 THEN now() END FROM generate_series(1, 4) g RETURNING seq, event_id)
+SELECT array_agg(seq ORDER BY seq), array_agg(event_id::text ORDER BY seq) FROM i`).Scan(&seqs, &ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +97,8 @@ SELECT array_agg(seq ORDER BY seq) FROM i`).Scan(&seqs)
 	s := &stream{r: r, tracker: newTracker(0), freed: make(chan struct{}, 1)}
 	x := s.tracker.begin()
 	var want []int64
-	for _, seq := range seqs {
-		it := &item{ev: core.Event{Seq: seq, AggregateID: "a"}, row: true, maybeSent: true, txn: x}
+	for i, seq := range seqs {
+		it := &item{ev: core.Event{Seq: seq, ID: ids[i], AggregateID: "a"}, row: true, maybeSent: true, txn: x}
 		s.tracker.add(x)
 		s.events.Add(1)
 		s.buffered = append(s.buffered, it)

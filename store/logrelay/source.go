@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxhq/outbox/core"
+	"github.com/outboxhq/outbox/core/event"
 )
 
 // The stream is the engine's source (core.Source): a claim takes the
@@ -77,42 +78,47 @@ func (s *stream) giveBack(items []*item) {
 	s.buffered = append(append(make([]*item, 0, len(items)+len(s.buffered)), items...), s.buffered...)
 }
 
-// dropSent leaves out, as done, the rows that a relay reading the slot
-// before this session published and marked dispatched but had not
-// confirmed when it stopped (killed, frozen past wal_sender_timeout, its
-// session failed): the slot gives them again, the table says they went
-// out. Only rows read from before the session's horizon are looked up.
-// A lookup that fails fails the claim: publishing such a row again would
-// send a duplicate, which a publisher that sends each event once
-// (core.Settler) must never do. It says whether it left any out.
+// dropSent leaves out, as done, the events that a relay reading the slot
+// before this session dealt with but had not confirmed when it stopped
+// (killed, frozen past wal_sender_timeout, its session failed): the slot
+// gives them again, and the table says they went out or are its own. A
+// row published and marked dispatched, or replayed since; a row or a
+// log-only event handed to the table, which the table path publishes.
+// Only events read from before the session's horizon are looked up, by
+// event id. A lookup that fails fails the claim: publishing such an event
+// again would send a duplicate, which a publisher that sends each event
+// once (core.Settler) must never do. It says whether it left any out.
 func (c *claim) dropSent(ctx context.Context) (bool, error) {
-	var seqs []int64
+	var ids []string
 	for _, it := range c.items {
-		if it.row && it.maybeSent {
-			seqs = append(seqs, it.ev.Seq)
+		if !it.maybeSent {
+			continue
+		}
+		if id, err := event.ParseID(it.ev.ID); err == nil {
+			ids = append(ids, id)
 		}
 	}
-	if len(seqs) == 0 {
+	if len(ids) == 0 {
 		return false, nil
 	}
 	s := c.s
 	// Bounded: a server cut off would hold the claim, so the engine.
 	lctx, cancel := context.WithTimeout(ctx, s.r.opts.ReceiveTimeout)
-	done, err := s.r.sql.dispatched(lctx, s.r.pool, seqs)
+	done, err := s.r.sql.dealtWith(lctx, s.r.pool, ids)
 	cancel()
 	if err != nil {
-		return false, fmt.Errorf("look up %d rows read again after a takeover: %w", len(seqs), err)
+		return false, fmt.Errorf("look up %d events read again after a takeover: %w", len(ids), err)
 	}
 	if len(done) == 0 {
 		return false, nil
 	}
-	sent := make(map[int64]bool, len(done))
-	for _, seq := range done {
-		sent[seq] = true
+	sent := make(map[string]bool, len(done))
+	for _, id := range done {
+		sent[id] = true
 	}
 	kept := c.items[:0]
 	for _, it := range c.items {
-		if it.row && it.maybeSent && sent[it.ev.Seq] {
+		if id, err := event.ParseID(it.ev.ID); err == nil && it.maybeSent && sent[id] {
 			delete(c.bySeq, it.ev.Seq)
 			s.finish(it)
 			continue
@@ -121,7 +127,7 @@ func (c *claim) dropSent(ctx context.Context) (bool, error) {
 	}
 	clear(c.items[len(kept):])
 	c.items = kept
-	s.r.log.Debug("log relay: rows read again, published already, left out", "rows", len(done))
+	s.r.log.Debug("log relay: events read again, published or handed off already, left out", "events", len(done))
 	return true, nil
 }
 

@@ -89,8 +89,9 @@ type item struct {
 	// over after transient failures; it is not held.
 	retryAt time.Time
 	raw     []byte
-	// maybeSent: a row read from before the session's horizon, which
-	// the relay that read the slot before may have published.
+	// maybeSent: an event read from before the session's horizon, which
+	// the relay that read the slot before may have published or handed
+	// off.
 	maybeSent bool
 }
 
@@ -527,6 +528,7 @@ func (s *stream) message(ctx context.Context, m *pglogrepl.LogicalDecodingMessag
 		return
 	}
 	it := decodeMessage(m, s.commitTime, s.r.opts.Store)
+	it.maybeSent = m.LSN <= s.horizon
 	if s.txn != nil {
 		s.readMessage(it)
 		s.dispatch(ctx, it)

@@ -20,6 +20,7 @@ import (
 type logTable struct {
 	unhandedSQL, handOffUnhandedSQL     string
 	markDoneSQL, dispatchedSQL          string
+	dealtWithSQL                        string
 	handedOffOrDoneSQL                  string
 	handedOffSQL, aggregateHandedOffSQL string
 	handRowSQL, insertEventSQL          string
@@ -71,6 +72,7 @@ WHERE (s.slot_name, s.publication) IS DISTINCT FROM (excluded.slot_name, exclude
 		// that insert again, neither marks it nor publishes it again.
 		markDoneSQL:           `UPDATE ` + t + ` SET dispatched_at = now(), retry_at = NULL WHERE seq = ANY($1) AND dispatched_at IS NULL AND replays = 0 RETURNING seq`,
 		dispatchedSQL:         `SELECT seq FROM ` + t + ` WHERE seq = ANY($1) AND (dispatched_at IS NOT NULL OR replays > 0)`,
+		dealtWithSQL:          `SELECT event_id::text FROM ` + t + ` WHERE event_id = ANY($1::uuid[]) AND (dispatched_at IS NOT NULL OR handoff_at IS NOT NULL OR replays > 0)`,
 		handedOffOrDoneSQL:    `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE event_id = $1::uuid AND (handoff_at IS NOT NULL OR dispatched_at IS NOT NULL))`,
 		handedOffSQL:          `SELECT DISTINCT aggregate_id::text FROM ` + t + ` WHERE ` + pending,
 		aggregateHandedOffSQL: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE aggregate_id = $1 AND ` + pending + `)`,
@@ -191,6 +193,16 @@ func (l *logTable) markDispatched(ctx context.Context, db querier, seqs []int64)
 		return nil, fmt.Errorf("mark rows dispatched: %w", err)
 	}
 	return without(rest, seen), nil
+}
+
+// dealtWith returns those of the event ids (canonical UUIDs) the table
+// shows published (dispatched, or replayed since) or handed off to it.
+func (l *logTable) dealtWith(ctx context.Context, db querier, ids []string) ([]string, error) {
+	done, err := collect[string](ctx, db, l.dealtWithSQL, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read events dealt with: %w", err)
+	}
+	return done, nil
 }
 
 // dispatched returns those of the rows seqs marked dispatched, or
