@@ -147,11 +147,6 @@ var regressions = []struct {
 			write(tx(ev(2, 1, oracle.SQLFunc))),
 			oracle.Step{Kind: oracle.KillRelay},
 			oracle.Step{Kind: oracle.Replay, Target: 2}))},
-	{"a log-only event read again after a kill, behind nothing but before a handed-off event of its aggregate, is not published twice",
-		onPath(oracle.ExactlyOnce, history(oracle.LogOnly, false,
-			write(tx(ev(1, 1, oracle.GoLog), ev(3, 1, oracle.SQLLogWrite, oracle.Soon))),
-			write(oracle.Tx{Lock: true, Events: []oracle.EventSpec{ev(4, 3, oracle.GoLog)}}),
-			oracle.Step{Kind: oracle.KillRelay}))},
 }
 
 func onPath(p oracle.Path, h oracle.History) oracle.History {
