@@ -108,6 +108,15 @@ type ceWrapper struct {
 	b CloudEventsBinding
 }
 
+// Sent implements core.Committer for the publisher it wraps, when that is
+// one; otherwise nothing is known sent, and the relay goes on as without.
+func (w *ceWrapper) Sent(ctx context.Context, e *core.Event) (bool, error) {
+	if c, ok := w.Publisher.(core.Committer); ok {
+		return c.Sent(ctx, e)
+	}
+	return false, nil
+}
+
 func (w *ceWrapper) Publish(ctx context.Context, e *core.Event) error {
 	ev := *e
 	ev.Headers = make(map[string]string, len(e.Headers)+6)

@@ -103,3 +103,27 @@ func TestCloudEventsForwardsBind(t *testing.T) {
 		t.Error("a publisher without Bind gained one")
 	}
 }
+
+// committerPub says every event is in the broker already.
+type committerPub struct{}
+
+func (committerPub) Publish(context.Context, *core.Event) error { return nil }
+func (committerPub) Close() error                               { return nil }
+func (committerPub) Sent(context.Context, *core.Event) (bool, error) {
+	return true, nil
+}
+
+// The wrapper answers core.Committer with the wrapped publisher's word.
+func TestCloudEventsForwardsSent(t *testing.T) {
+	pub, err := brokers.WithCloudEvents(committerPub{}, brokers.CloudEvents{Source: "/shop"}, brokers.CloudEventsBinding{Prefix: "ce_"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok := pub.(core.Committer)
+	if !ok {
+		t.Fatal("the wrapper is not a core.Committer")
+	}
+	if sent, err := c.Sent(context.Background(), &core.Event{Seq: 1}); err != nil || !sent {
+		t.Fatalf("Sent = %v, %v; want the wrapped publisher's true", sent, err)
+	}
+}

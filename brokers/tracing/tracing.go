@@ -89,6 +89,15 @@ type publisher struct {
 
 var _ core.Publisher = (*publisher)(nil)
 
+// Sent implements core.Committer for the publisher it wraps, when that is
+// one; otherwise nothing is known sent, and the relay goes on as without.
+func (p *publisher) Sent(ctx context.Context, e *core.Event) (bool, error) {
+	if c, ok := p.next.(core.Committer); ok {
+		return c.Sent(ctx, e)
+	}
+	return false, nil
+}
+
 // Publish implements core.Publisher. It leaves e untouched: the span's
 // traceparent goes out on a copy whose headers are a new map, as the relay
 // may hold on to e (and its headers) for a retry.

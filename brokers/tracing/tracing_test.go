@@ -331,3 +331,26 @@ func TestWrapForwardsBind(t *testing.T) {
 		t.Errorf("Bind error = %v, want the wrapped publisher's", err)
 	}
 }
+
+// committerPub says every event is in the broker already.
+type committerPub struct{}
+
+func (committerPub) Publish(context.Context, *core.Event) error { return nil }
+func (committerPub) Close() error                               { return nil }
+func (committerPub) Sent(context.Context, *core.Event) (bool, error) {
+	return true, nil
+}
+
+// The wrapper answers core.Committer with the wrapped publisher's word, so
+// an exactly-once relay does not hand off an event already in Kafka.
+func TestWrapForwardsSent(t *testing.T) {
+	tp, _ := newProvider()
+	defer tp.Shutdown(context.Background())
+	c, ok := mustWrap(t, committerPub{}, tp).(core.Committer)
+	if !ok {
+		t.Fatal("the wrapper is not a core.Committer")
+	}
+	if sent, err := c.Sent(context.Background(), &core.Event{Seq: 1}); err != nil || !sent {
+		t.Fatalf("Sent = %v, %v; want the wrapped publisher's true", sent, err)
+	}
+}

@@ -256,6 +256,13 @@ func (f *faulty) Publish(ctx context.Context, e *core.Event) error {
 	return f.Publisher.Publish(ctx, e)
 }
 
+func (f *faulty) Sent(ctx context.Context, e *core.Event) (bool, error) {
+	if c, ok := f.Publisher.(core.Committer); ok {
+		return c.Sent(ctx, e)
+	}
+	return false, nil
+}
+
 func (f *faulty) Bind(src core.Source) (core.Publisher, error) {
 	b, ok := f.Publisher.(core.Binder)
 	if !ok {
