@@ -62,12 +62,15 @@ func (r *Relay) publish(ctx context.Context, pctx *publishCtx, e *Event) error {
 func (r *Relay) publishOrHandOff(ctx context.Context, pctx *publishCtx, h HandOffer, e *Event) (state, error) {
 	if c, ok := r.pub.(Committer); ok {
 		// In the broker already (read again after a crash): handing it
-		// off would publish it a second time.
-		sent, ok := retryRecord(ctx, r, "ask the publisher", func() (bool, error) { return c.Sent(ctx, e) })
-		switch {
-		case !ok:
-			return stLeft, nil
-		case sent:
+		// off would publish it a second time. The first answer is asked
+		// directly: a wrapper answers every event, so this is per event.
+		sent, err := c.Sent(ctx, e)
+		if err != nil {
+			if sent, ok = retryRecord(ctx, r, "ask the publisher", func() (bool, error) { return c.Sent(ctx, e) }); !ok {
+				return stLeft, nil
+			}
+		}
+		if sent {
 			return stPublished, nil
 		}
 	}
